@@ -1,0 +1,172 @@
+//! When do we hedge. Everything that decides whether a request gets a hedge,
+//! and after how long, is in this file.
+//!
+//! - The delay is the cluster's latency quantile (`percentile`, p90 by
+//!   default) over the rolling window, clamped to [`min_delay`, `max_delay`].
+//!   It is computed on the sync tick (`hedge_delay`), never per request.
+//! - A request is armed (`decide`) only if the cluster is not disabled, the
+//!   method is one that is safe to repeat, the window holds `min_samples`
+//!   samples from all workers, and the budget has a token for the hedge.
+//! - Arming = Envoy's router headers; Envoy itself races the attempts.
+
+use std::time::Duration;
+
+use super::budget::LocalBudget;
+use super::config::ClusterPolicy;
+use super::sketch::Sketch;
+
+/// The learned hedge delay of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HedgeDelay {
+    /// The delay before clamping would round to this; kept for the gauge.
+    pub delay_us: u64,
+    /// What goes into `x-envoy-upstream-rq-per-try-timeout-ms` (rounded up).
+    pub per_try_timeout_ms: u64,
+}
+
+/// The delay to arm requests with, from the window's samples; `None` while
+/// the window holds fewer than `min_samples` (still warming up).
+pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch) -> Option<HedgeDelay> {
+    if window.count() < policy.min_samples {
+        return None;
+    }
+    let quantile_us = window.quantile(policy.percentile)?;
+    let min_us = policy.min_delay.as_micros() as f64;
+    let max_us = policy.max_delay.as_micros() as f64;
+    let delay_us = quantile_us.clamp(min_us, max_us).round() as u64;
+    let per_try_timeout_ms = Duration::from_micros(delay_us).as_micros().div_ceil(1000).max(1) as u64;
+    Some(HedgeDelay {
+        delay_us,
+        per_try_timeout_ms,
+    })
+}
+
+/// What to do with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Arm(Hedge),
+    Skip(Skip),
+}
+
+/// The router headers of an armed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hedge {
+    pub per_try_timeout_ms: u64,
+    /// `x-envoy-max-retries`: hedges paid for (at most `max_hedges`).
+    pub hedges: u32,
+}
+
+/// Why a request was not armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// No routed cluster (direct response, redirect, no route).
+    NoCluster,
+    /// Past `max_clusters`: the cluster is not tracked.
+    Untracked,
+    Disabled,
+    /// The method is not in `idempotent_methods`.
+    Method,
+    /// Fewer than `min_samples` in the window.
+    WarmingUp,
+    /// The client set the control headers itself and `trust_client_headers` is on.
+    ClientControlled,
+    BudgetExhausted,
+}
+
+/// Decides one request. Reserves budget tokens when it arms.
+pub fn decide(
+    policy: &ClusterPolicy,
+    delay: Option<HedgeDelay>,
+    method: &[u8],
+    budget: &mut LocalBudget,
+) -> Decision {
+    if policy.disabled {
+        return Decision::Skip(Skip::Disabled);
+    }
+    if !policy.allows_method(method) {
+        return Decision::Skip(Skip::Method);
+    }
+    let Some(delay) = delay else {
+        return Decision::Skip(Skip::WarmingUp);
+    };
+    match budget.reserve(policy.max_hedges) {
+        0 => Decision::Skip(Skip::BudgetExhausted),
+        hedges => Decision::Arm(Hedge {
+            per_try_timeout_ms: delay.per_try_timeout_ms,
+            hedges,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window_of(values_us: &[f64]) -> Sketch {
+        let mut s = Sketch::new();
+        for &v in values_us {
+            s.add(v);
+        }
+        s
+    }
+
+    fn funded() -> LocalBudget {
+        let mut b = LocalBudget::default();
+        for _ in 0..100 {
+            b.earn(100_000, 10_000_000);
+        }
+        b
+    }
+
+    #[test]
+    fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
+        let policy = ClusterPolicy { min_samples: 10, ..Default::default() };
+        let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
+        let d = hedge_delay(&policy, &window_of(&values)).unwrap();
+        assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
+        assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
+
+        let tight = ClusterPolicy { min_samples: 10, max_delay: Duration::from_millis(3), ..Default::default() };
+        assert_eq!(hedge_delay(&tight, &window_of(&values)).unwrap().per_try_timeout_ms, 3);
+        let floor = ClusterPolicy { min_samples: 10, min_delay: Duration::from_millis(20), ..Default::default() };
+        assert_eq!(hedge_delay(&floor, &window_of(&values)).unwrap().per_try_timeout_ms, 20);
+    }
+
+    #[test]
+    fn warming_up_until_min_samples() {
+        let policy = ClusterPolicy { min_samples: 100, ..Default::default() };
+        assert_eq!(hedge_delay(&policy, &window_of(&[1000.0; 99])), None);
+        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100])).is_some());
+        let mut b = funded();
+        assert_eq!(decide(&policy, None, b"GET", &mut b), Decision::Skip(Skip::WarmingUp));
+    }
+
+    #[test]
+    fn arms_idempotent_methods_only() {
+        let policy = ClusterPolicy::default();
+        let delay = Some(HedgeDelay { delay_us: 7200, per_try_timeout_ms: 8 });
+        let mut b = funded();
+        assert_eq!(
+            decide(&policy, delay, b"GET", &mut b),
+            Decision::Arm(Hedge { per_try_timeout_ms: 8, hedges: 1 })
+        );
+        for m in [&b"POST"[..], b"PUT", b"PATCH", b"DELETE", b"CONNECT", b""] {
+            assert_eq!(decide(&policy, delay, m, &mut b), Decision::Skip(Skip::Method));
+        }
+        let off = ClusterPolicy { disabled: true, ..Default::default() };
+        assert_eq!(decide(&off, delay, b"GET", &mut b), Decision::Skip(Skip::Disabled));
+    }
+
+    #[test]
+    fn no_token_no_hedge() {
+        let policy = ClusterPolicy { max_hedges: 3, ..Default::default() };
+        let delay = Some(HedgeDelay { delay_us: 1000, per_try_timeout_ms: 1 });
+        let mut b = LocalBudget::default();
+        assert_eq!(decide(&policy, delay, b"GET", &mut b), Decision::Skip(Skip::BudgetExhausted));
+        for _ in 0..25 {
+            b.earn(100_000, 10_000_000);
+        }
+        // 2.5 tokens: two of the three hedges are paid for
+        assert_eq!(decide(&policy, delay, b"GET", &mut b), Decision::Arm(Hedge { per_try_timeout_ms: 1, hedges: 2 }));
+    }
+}

@@ -1,0 +1,358 @@
+//! What the workers keep in proxy-wasm shared memory, and its byte encoding.
+//!
+//! Two kinds of keys (same `vm_id` = same shared data):
+//! - `adaptive_hedge/v1/cluster/<name>`: the cluster's [`SharedCluster`]:
+//!   its latency window, its budget pool and two lifetime counters;
+//! - `adaptive_hedge/v1/clusters`: the registry of tracked cluster names,
+//!   which bounds how many cluster keys exist at all.
+//!
+//! Every value starts with a magic and a version. Anything that does not
+//! decode exactly (garbage, a truncated value, another version, a different
+//! window geometry) is an error the caller answers by resetting the value:
+//! decoding never panics and never reads out of bounds.
+
+use std::fmt;
+
+use super::sketch::{Sketch, MAX_KEY};
+use super::window::{ClusterWindow, Slice, WindowGeometry, SLICES};
+
+pub const CLUSTER_KEY_PREFIX: &str = "adaptive_hedge/v1/cluster/";
+pub const REGISTRY_KEY: &str = "adaptive_hedge/v1/clusters";
+
+const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
+const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
+pub const ENCODING_VERSION: u8 = 1;
+/// Longer cluster names are not tracked (Istio's are about 60 bytes).
+pub const MAX_CLUSTER_NAME: usize = 1024;
+
+pub fn cluster_key(name: &str) -> String {
+    format!("{CLUSTER_KEY_PREFIX}{name}")
+}
+
+/// Why a stored value was not usable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Truncated,
+    BadMagic,
+    UnsupportedVersion(u8),
+    /// The window length changed (a new config); the old samples do not fit.
+    GeometryChanged,
+    Corrupt(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated => write!(f, "value is truncated"),
+            DecodeError::BadMagic => write!(f, "value is not an adaptive-hedge record"),
+            DecodeError::UnsupportedVersion(v) => {
+                write!(f, "encoding version {v} (this filter reads version {ENCODING_VERSION})")
+            }
+            DecodeError::GeometryChanged => write!(f, "window length changed"),
+            DecodeError::Corrupt(what) => write!(f, "corrupt value: {what}"),
+        }
+    }
+}
+
+/// A cluster's state shared by all workers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedCluster {
+    pub window: ClusterWindow,
+    /// Budget micro-tokens deposited by workers with a surplus.
+    pub pool: u64,
+    /// Requests seen by all workers (lifetime).
+    pub requests_total: u64,
+    /// Extra upstream attempts sent by all workers (lifetime).
+    pub hedges_sent_total: u64,
+}
+
+impl SharedCluster {
+    pub fn new(geometry: WindowGeometry) -> Self {
+        SharedCluster {
+            window: ClusterWindow::new(geometry),
+            pool: 0,
+            requests_total: 0,
+            hedges_sent_total: 0,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let buckets: usize = self.window.slices.iter().map(|s| s.sketch.counts().len()).sum();
+        let mut out = Vec::with_capacity(4 + 8 * 4 + 1 + SLICES * 12 + buckets * 4);
+        out.extend_from_slice(CLUSTER_MAGIC);
+        out.push(ENCODING_VERSION);
+        out.extend_from_slice(&self.window.geometry.slice_ms.to_le_bytes());
+        out.extend_from_slice(&self.pool.to_le_bytes());
+        out.extend_from_slice(&self.requests_total.to_le_bytes());
+        out.extend_from_slice(&self.hedges_sent_total.to_le_bytes());
+        out.push(SLICES as u8);
+        for slice in &self.window.slices {
+            out.extend_from_slice(&slice.epoch.to_le_bytes());
+            out.extend_from_slice(&(slice.sketch.offset() as u16).to_le_bytes());
+            out.extend_from_slice(&(slice.sketch.counts().len() as u16).to_le_bytes());
+            for c in slice.sketch.counts() {
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Decodes a value written by [`SharedCluster::encode`] for the same geometry.
+    pub fn decode(bytes: &[u8], geometry: WindowGeometry) -> Result<Self, DecodeError> {
+        let mut r = Reader { bytes };
+        r.header(CLUSTER_MAGIC)?;
+        if r.u64()? != geometry.slice_ms {
+            return Err(DecodeError::GeometryChanged);
+        }
+        let pool = r.u64()?;
+        let requests_total = r.u64()?;
+        let hedges_sent_total = r.u64()?;
+        if usize::from(r.u8()?) != SLICES {
+            return Err(DecodeError::GeometryChanged);
+        }
+        let mut window = ClusterWindow::new(geometry);
+        for slot in window.slices.iter_mut() {
+            let epoch = r.u64()?;
+            let offset = i32::from(r.u16()?);
+            let len = usize::from(r.u16()?);
+            if len > MAX_KEY as usize + 1 {
+                return Err(DecodeError::Corrupt("sketch has too many buckets"));
+            }
+            let mut counts = Vec::with_capacity(len);
+            for _ in 0..len {
+                counts.push(r.u32()?);
+            }
+            let sketch = Sketch::from_parts(offset, counts)
+                .ok_or(DecodeError::Corrupt("sketch buckets out of range"))?;
+            *slot = Slice { epoch, sketch };
+        }
+        if !r.bytes.is_empty() {
+            return Err(DecodeError::Corrupt("trailing bytes"));
+        }
+        Ok(SharedCluster {
+            window,
+            pool,
+            requests_total,
+            hedges_sent_total,
+        })
+    }
+}
+
+/// The set of cluster names that have a shared key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registry {
+    pub names: Vec<String>,
+}
+
+impl Registry {
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.names.iter().map(|n| n.len() + 2).sum::<usize>());
+        out.extend_from_slice(REGISTRY_MAGIC);
+        out.push(ENCODING_VERSION);
+        // names are at most MAX_CLUSTER_NAME bytes (longer ones are never registered)
+        let names: Vec<&[u8]> = self
+            .names
+            .iter()
+            .map(|n| n.as_bytes())
+            .filter(|n| n.len() <= MAX_CLUSTER_NAME)
+            .collect();
+        out.extend_from_slice(&(names.len() as u32).to_le_bytes());
+        for bytes in names {
+            out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+            out.extend_from_slice(bytes);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { bytes };
+        r.header(REGISTRY_MAGIC)?;
+        let count = r.u32()? as usize;
+        // each name takes at least 2 bytes: refuse counts the value cannot hold
+        if count > r.bytes.len() / 2 {
+            return Err(DecodeError::Corrupt("registry count larger than the value"));
+        }
+        let mut names = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = usize::from(r.u16()?);
+            let raw = r.take(len)?;
+            let name = std::str::from_utf8(raw).map_err(|_| DecodeError::Corrupt("cluster name is not UTF-8"))?;
+            names.push(name.to_string());
+        }
+        if !r.bytes.is_empty() {
+            return Err(DecodeError::Corrupt("trailing bytes"));
+        }
+        Ok(Registry { names })
+    }
+}
+
+/// Bounds-checked little-endian reader.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.bytes.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(u8::from_le_bytes(self.array()?))
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn header(&mut self, magic: &[u8; 3]) -> Result<(), DecodeError> {
+        if self.take(3)? != magic {
+            return Err(DecodeError::BadMagic);
+        }
+        match self.u8()? {
+            ENCODING_VERSION => Ok(()),
+            other => Err(DecodeError::UnsupportedVersion(other)),
+        }
+    }
+}
+
+/// A failed shared-data call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// Another worker wrote the value since we read it: read again.
+    CasMismatch,
+    /// Any other status from the host (its numeric code).
+    Host(u32),
+}
+
+/// Shared memory as the workers see it (proxy-wasm `get/set_shared_data`).
+pub trait SharedStore {
+    /// The value and its CAS token, or `None` if the key was never written.
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError>;
+    /// Writes if `cas` still matches (0: unconditional).
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+pub mod memory {
+    //! An in-process [`SharedStore`] with Envoy's CAS semantics, for tests.
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    pub struct MemoryStore {
+        pub values: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+        /// Fail the next N `set`s with a CAS mismatch (a racing writer).
+        pub conflicts: RefCell<u32>,
+    }
+
+    impl SharedStore for MemoryStore {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            Ok(self.values.borrow().get(key).cloned())
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            let mut conflicts = self.conflicts.borrow_mut();
+            if *conflicts > 0 {
+                *conflicts -= 1;
+                return Err(StoreError::CasMismatch);
+            }
+            let mut values = self.values.borrow_mut();
+            let current = values.get(key).map(|(_, c)| *c).unwrap_or(0);
+            if cas != 0 && cas != current {
+                return Err(StoreError::CasMismatch);
+            }
+            values.insert(key.to_string(), (value.to_vec(), current + 1));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn sample_cluster() -> SharedCluster {
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        let mut c = SharedCluster::new(g);
+        let mut s = Sketch::new();
+        for v in [900.0, 1000.0, 5000.0, 50_000.0] {
+            s.add(v);
+        }
+        c.window.merge(1_000_000, &s);
+        c.window.merge(1_006_000, &s);
+        c.pool = 3_500_000;
+        c.requests_total = 1234;
+        c.hedges_sent_total = 56;
+        c
+    }
+
+    #[test]
+    fn cluster_round_trips() {
+        let c = sample_cluster();
+        let bytes = c.encode();
+        assert_eq!(SharedCluster::decode(&bytes, c.window.geometry).unwrap(), c);
+    }
+
+    #[test]
+    fn every_truncation_and_garbage_is_an_error_not_a_panic() {
+        let c = sample_cluster();
+        let bytes = c.encode();
+        for n in 0..bytes.len() {
+            assert!(SharedCluster::decode(&bytes[..n], c.window.geometry).is_err());
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(SharedCluster::decode(&longer, c.window.geometry).is_err());
+        assert_eq!(SharedCluster::decode(b"hello world", c.window.geometry), Err(DecodeError::BadMagic));
+        // flip every byte once: decoding may succeed or fail, but never panics
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0xff;
+            let _ = SharedCluster::decode(&b, c.window.geometry);
+        }
+    }
+
+    #[test]
+    fn other_version_and_geometry_are_detected() {
+        let c = sample_cluster();
+        let mut bytes = c.encode();
+        bytes[3] = 0;
+        assert_eq!(SharedCluster::decode(&bytes, c.window.geometry), Err(DecodeError::UnsupportedVersion(0)));
+        let other = WindowGeometry::new(Duration::from_secs(60));
+        assert_eq!(SharedCluster::decode(&c.encode(), other), Err(DecodeError::GeometryChanged));
+    }
+
+    #[test]
+    fn registry_round_trips_and_rejects_garbage() {
+        let r = Registry { names: vec!["a".into(), "outbound|80||svc.ns.svc.cluster.local".into()] };
+        let bytes = r.encode();
+        assert_eq!(Registry::decode(&bytes).unwrap(), r);
+        for n in 0..bytes.len() {
+            assert!(Registry::decode(&bytes[..n]).is_err());
+        }
+        let mut huge = b"AHR\x01".to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Registry::decode(&huge).is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! DDSketch (Masson, Rim, Lee, VLDB 2019): a quantile sketch whose answers are
+//! within a fixed *relative* error of the exact quantile, mergeable by adding
+//! bucket counts. That is what lets every Envoy worker feed one shared window.
+//!
+//! Values are latencies in microseconds. Bucket `k` holds values in
+//! (gamma^(k-1), gamma^k]; values at or below 1 µs share bucket 0 and values
+//! above gamma^MAX_KEY (about 16 days) share the last bucket, so a sketch never
+//! has more than MAX_KEY + 1 buckets, whatever it is fed.
+
+/// Relative accuracy: a reported quantile is within 1% of the exact one.
+pub const RELATIVE_ACCURACY: f64 = 0.01;
+/// Highest bucket key; gamma^1400 µs is about 1.6e12 µs.
+pub const MAX_KEY: i32 = 1400;
+
+/// gamma = (1 + a) / (1 - a)
+fn gamma() -> f64 {
+    (1.0 + RELATIVE_ACCURACY) / (1.0 - RELATIVE_ACCURACY)
+}
+
+/// Bucket key for a value in microseconds.
+pub fn key_for(value_us: f64) -> i32 {
+    if !(value_us > 1.0) {
+        // <= 1 µs, or NaN: the lowest bucket.
+        return 0;
+    }
+    let key = (value_us.ln() / gamma().ln()).ceil();
+    if key >= MAX_KEY as f64 {
+        MAX_KEY
+    } else {
+        key as i32
+    }
+}
+
+/// The value a bucket stands for: the point of least relative error to
+/// every value the bucket can hold.
+pub fn value_for(key: i32) -> f64 {
+    if key <= 0 {
+        return 1.0;
+    }
+    let g = gamma();
+    2.0 * g.powi(key) / (g + 1.0)
+}
+
+/// Dense buckets over the range of keys seen so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sketch {
+    /// Key of `counts[0]`.
+    offset: i32,
+    counts: Vec<u32>,
+    total: u64,
+}
+
+impl Sketch {
+    pub fn new() -> Self {
+        Sketch::default()
+    }
+
+    /// Rebuilds a sketch from stored buckets; `None` if they are out of range.
+    pub fn from_parts(offset: i32, counts: Vec<u32>) -> Option<Self> {
+        let last = i64::from(offset) + counts.len() as i64 - 1;
+        if offset < 0 || (!counts.is_empty() && last > i64::from(MAX_KEY)) {
+            return None;
+        }
+        let total = counts.iter().map(|&c| u64::from(c)).sum();
+        Some(Sketch { offset, counts, total })
+    }
+
+    pub fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.counts.clear();
+        self.offset = 0;
+        self.total = 0;
+    }
+
+    pub fn add(&mut self, value_us: f64) {
+        self.add_to_key(key_for(value_us), 1);
+    }
+
+    fn add_to_key(&mut self, key: i32, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let key = key.clamp(0, MAX_KEY);
+        if self.counts.is_empty() {
+            self.offset = key;
+        } else if key < self.offset {
+            let grow = (self.offset - key) as usize;
+            self.counts.splice(0..0, std::iter::repeat(0).take(grow));
+            self.offset = key;
+        }
+        let index = (key - self.offset) as usize;
+        if index >= self.counts.len() {
+            self.counts.resize(index + 1, 0);
+        }
+        if let Some(c) = self.counts.get_mut(index) {
+            *c = c.saturating_add(n);
+        }
+        self.total += u64::from(n);
+    }
+
+    /// Adds every sample of `other` (DDSketch merge: bucket-wise sum).
+    pub fn merge(&mut self, other: &Sketch) {
+        for (i, &n) in other.counts.iter().enumerate() {
+            self.add_to_key(other.offset + i as i32, n);
+        }
+    }
+
+    /// The value at quantile `q` in [0, 1], in microseconds; `None` if empty.
+    /// Rank convention: the element at index floor(q * (n - 1)) of the sorted
+    /// samples, the same one the accuracy guarantee is stated for.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.total == 0 {
+            return None;
+        }
+        let q = q.clamp(0.0, 1.0);
+        let rank = (q * (self.total - 1) as f64).floor() as u64;
+        let mut seen = 0u64;
+        for (i, &n) in self.counts.iter().enumerate() {
+            seen += u64::from(n);
+            if seen > rank {
+                return Some(value_for(self.offset + i as i32));
+            }
+        }
+        Some(value_for(self.offset + self.counts.len() as i32 - 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, LogNormal};
+
+    fn exact(sorted: &[f64], q: f64) -> f64 {
+        sorted[(q * (sorted.len() - 1) as f64).floor() as usize]
+    }
+
+    /// Lognormal with the reference workload's mean 5 ms and sd 2 ms, in µs.
+    fn reference_lognormal() -> LogNormal<f64> {
+        let (mean, sd) = (5000.0f64, 2000.0f64);
+        let sigma2 = (1.0 + (sd * sd) / (mean * mean)).ln();
+        LogNormal::new(mean.ln() - sigma2 / 2.0, sigma2.sqrt()).unwrap()
+    }
+
+    #[test]
+    fn quantiles_within_one_percent_of_exact_on_100k_lognormal() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let dist = reference_lognormal();
+        let mut sketch = Sketch::new();
+        let mut values = Vec::with_capacity(100_000);
+        for _ in 0..100_000 {
+            // stragglers too, so the tail is exercised
+            let mut v = dist.sample(&mut rng);
+            if values.len() % 20 == 0 {
+                v *= 10.0;
+            }
+            sketch.add(v);
+            values.push(v);
+        }
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        for q in [0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0] {
+            let want = exact(&values, q);
+            let got = sketch.quantile(q).unwrap();
+            let err = (got - want).abs() / want;
+            assert!(err <= RELATIVE_ACCURACY + 1e-9, "q={q}: got {got}, exact {want}, err {err}");
+        }
+        assert_eq!(sketch.count(), 100_000);
+    }
+
+    #[test]
+    fn merge_equals_one_sketch_fed_everything() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let dist = reference_lognormal();
+        let (mut a, mut b, mut all) = (Sketch::new(), Sketch::new(), Sketch::new());
+        for i in 0..20_000 {
+            let v = dist.sample(&mut rng) * if i % 3 == 0 { 40.0 } else { 1.0 };
+            if i % 2 == 0 { a.add(v) } else { b.add(v) }
+            all.add(v);
+        }
+        a.merge(&b);
+        assert_eq!(a, all);
+    }
+
+    #[test]
+    fn bounded_whatever_it_is_fed() {
+        let mut s = Sketch::new();
+        for v in [0.0, -5.0, f64::NAN, f64::INFINITY, 1e300, 0.5, 1.0, 2.0] {
+            s.add(v);
+        }
+        assert!(s.counts().len() <= MAX_KEY as usize + 1);
+        assert_eq!(s.count(), 8);
+        assert_eq!(s.quantile(0.0), Some(1.0));
+        assert!(s.quantile(1.0).unwrap() > 1e12);
+    }
+
+    #[test]
+    fn empty_has_no_quantile() {
+        assert_eq!(Sketch::new().quantile(0.5), None);
+    }
+
+    #[test]
+    fn from_parts_checks_range() {
+        assert!(Sketch::from_parts(-1, vec![1]).is_none());
+        assert!(Sketch::from_parts(MAX_KEY, vec![1, 1]).is_none());
+        let s = Sketch::from_parts(10, vec![1, 2, 3]).unwrap();
+        assert_eq!(s.count(), 6);
+    }
+}

@@ -1,0 +1,157 @@
+//! The rolling latency window of one cluster: a ring of `SLICES` sketches,
+//! each tagged with the epoch (slice number since the Unix epoch) it holds.
+//!
+//! Old data ages out one slice at a time, so the quantile follows a shift
+//! smoothly instead of dropping everything at once. Because every slice
+//! carries its epoch, "rotation" needs no coordinator: whoever writes into a
+//! slot whose tag is old clears it first, and readers ignore slots outside the
+//! window. Every worker derives the same epoch from the host's wall clock, so
+//! the shared ring stays consistent under concurrent compare-and-swap writers.
+
+use std::time::Duration;
+
+use super::sketch::Sketch;
+
+/// Number of slices in a window: a 30 s window ages out in 5 s steps.
+pub const SLICES: usize = 6;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowGeometry {
+    pub slice_ms: u64,
+}
+
+impl WindowGeometry {
+    pub fn new(window: Duration) -> Self {
+        let slice_ms = (window.as_millis() as u64 / SLICES as u64).max(1);
+        WindowGeometry { slice_ms }
+    }
+
+    pub fn epoch(&self, now_ms: u64) -> u64 {
+        now_ms / self.slice_ms
+    }
+
+    pub fn window_ms(&self) -> u64 {
+        self.slice_ms * SLICES as u64
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slice {
+    pub epoch: u64,
+    pub sketch: Sketch,
+}
+
+/// A window of latency samples.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterWindow {
+    pub geometry: WindowGeometry,
+    pub slices: [Slice; SLICES],
+}
+
+impl ClusterWindow {
+    pub fn new(geometry: WindowGeometry) -> Self {
+        ClusterWindow {
+            geometry,
+            slices: Default::default(),
+        }
+    }
+
+    fn is_live(&self, slice: &Slice, now_epoch: u64) -> bool {
+        !slice.sketch.is_empty() && slice.epoch <= now_epoch && now_epoch - slice.epoch < SLICES as u64
+    }
+
+    /// Adds a batch of samples taken up to `now_ms` to the current slice.
+    pub fn merge(&mut self, now_ms: u64, samples: &Sketch) {
+        if samples.is_empty() {
+            return;
+        }
+        let epoch = self.geometry.epoch(now_ms);
+        if let Some(slot) = self.slices.get_mut((epoch % SLICES as u64) as usize) {
+            if slot.epoch != epoch {
+                slot.sketch.clear();
+                slot.epoch = epoch;
+            }
+            slot.sketch.merge(samples);
+        }
+    }
+
+    /// Clears slices that have left the window (keeps the shared encoding small).
+    pub fn expire(&mut self, now_ms: u64) {
+        let now_epoch = self.geometry.epoch(now_ms);
+        for i in 0..SLICES {
+            let live = self.slices.get(i).is_some_and(|s| self.is_live(s, now_epoch));
+            if let (false, Some(slot)) = (live, self.slices.get_mut(i)) {
+                slot.sketch.clear();
+                slot.epoch = 0;
+            }
+        }
+    }
+
+    /// All samples of the window as one sketch.
+    pub fn snapshot(&self, now_ms: u64) -> Sketch {
+        let now_epoch = self.geometry.epoch(now_ms);
+        let mut all = Sketch::new();
+        for slice in &self.slices {
+            if self.is_live(slice, now_epoch) {
+                all.merge(&slice.sketch);
+            }
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(value_us: f64, n: usize) -> Sketch {
+        let mut s = Sketch::new();
+        for _ in 0..n {
+            s.add(value_us);
+        }
+        s
+    }
+
+    #[test]
+    fn ages_out_in_steps() {
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        assert_eq!(g.slice_ms, 5000);
+        let mut w = ClusterWindow::new(g);
+        let t0 = 1_000_000_000u64; // a slice boundary
+        w.merge(t0, &batch(1000.0, 100));
+        assert_eq!(w.snapshot(t0).count(), 100);
+        w.merge(t0 + 10_000, &batch(1000.0, 50));
+        assert_eq!(w.snapshot(t0 + 10_000).count(), 150);
+        // the first batch's slice leaves the window after 6 slices
+        assert_eq!(w.snapshot(t0 + 29_999).count(), 150);
+        assert_eq!(w.snapshot(t0 + 30_000).count(), 50);
+        assert_eq!(w.snapshot(t0 + 40_000).count(), 0);
+    }
+
+    #[test]
+    fn stale_slot_is_cleared_when_reused() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(6)));
+        w.merge(0, &batch(1000.0, 10));
+        // same slot, six slices later
+        w.merge(6_000, &batch(2000.0, 3));
+        assert_eq!(w.snapshot(6_000).count(), 3);
+    }
+
+    #[test]
+    fn expire_drops_old_slices() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(6)));
+        w.merge(0, &batch(1000.0, 10));
+        w.merge(3_000, &batch(1000.0, 10));
+        w.expire(6_500);
+        assert_eq!(w.slices.iter().filter(|s| !s.sketch.is_empty()).count(), 1);
+        assert_eq!(w.snapshot(6_500).count(), 10);
+    }
+
+    #[test]
+    fn future_slices_are_ignored() {
+        // a worker whose clock runs ahead wrote a slice "from the future"
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(6)));
+        w.merge(10_000, &batch(1000.0, 10));
+        assert_eq!(w.snapshot(5_000).count(), 0);
+    }
+}
