@@ -117,7 +117,11 @@ mod tests {
         assert_eq!(b.reserve(1), 1);
         assert_eq!(b.reserve(1), 0, "the only token is reserved");
         b.settle(1, 0); // the request finished before its delay: no hedge sent
-        assert_eq!(b.reserve(1), 1, "the refunded token pays for the next hedge");
+        assert_eq!(
+            b.reserve(1),
+            1,
+            "the refunded token pays for the next hedge"
+        );
         b.settle(1, 1); // this one was sent: no refund
         assert_eq!(b.reserve(1), 0);
     }
@@ -139,7 +143,8 @@ mod tests {
     #[test]
     fn rebalance_moves_surplus_through_the_pool() {
         const T: u64 = MICROS_PER_TOKEN;
-        let (mut rich, mut poor, mut pool) = (LocalBudget { free: 14 * T }, LocalBudget::default(), 0);
+        let (mut rich, mut poor, mut pool) =
+            (LocalBudget { free: 14 * T }, LocalBudget::default(), 0);
         rich.rebalance(&mut pool, BURST);
         assert_eq!((rich.free, pool), (10 * T, 4 * T));
         poor.rebalance(&mut pool, BURST);

@@ -90,7 +90,9 @@ impl ClusterPolicy {
     }
 
     pub fn allows_method(&self, method: &[u8]) -> bool {
-        self.idempotent_methods.iter().any(|m| m.as_bytes() == method)
+        self.idempotent_methods
+            .iter()
+            .any(|m| m.as_bytes() == method)
     }
 }
 
@@ -138,7 +140,11 @@ pub struct ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.value.is_empty() {
-            write!(f, "invalid plugin config: field \"{}\": {}", self.field, self.rule)
+            write!(
+                f,
+                "invalid plugin config: field \"{}\": {}",
+                self.field, self.rule
+            )
         } else {
             write!(
                 f,
@@ -225,7 +231,11 @@ impl Config {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." { "(root)".to_string() } else { path };
+            let field = if path == "." {
+                "(root)".to_string()
+            } else {
+                path
+            };
             error(&field, "", e.inner().to_string())
         })?;
         Self::validate(raw)
@@ -249,7 +259,11 @@ impl Config {
         if let Some(text) = &raw.sync_interval {
             let interval = duration_field("sync_interval", text)?;
             if interval < Duration::from_millis(10) || interval > Duration::from_secs(10) {
-                return Err(error("sync_interval", quoted(text), "must be between 10ms and 10s"));
+                return Err(error(
+                    "sync_interval",
+                    quoted(text),
+                    "must be between 10ms and 10s",
+                ));
             }
             config.sync_interval = interval;
         }
@@ -313,12 +327,18 @@ impl Config {
         let mut root = policy_json(&self.defaults);
         if let serde_json::Value::Object(map) = &mut root {
             map.insert("window".into(), format_duration(self.window).into());
-            map.insert("sync_interval".into(), format_duration(self.sync_interval).into());
+            map.insert(
+                "sync_interval".into(),
+                format_duration(self.sync_interval).into(),
+            );
             map.insert(
                 "latency_signal".into(),
                 serde_json::to_value(self.latency_signal).unwrap_or_default(),
             );
-            map.insert("trust_client_headers".into(), self.trust_client_headers.into());
+            map.insert(
+                "trust_client_headers".into(),
+                self.trust_client_headers.into(),
+            );
             map.insert("max_clusters".into(), self.max_clusters.into());
             map.insert(
                 "clusters".into(),
@@ -367,39 +387,67 @@ fn merge_policy(
     }
     if let Some(q) = raw.percentile {
         if !(q > 0.0 && q < 1.0) {
-            return Err(error(&field("percentile"), q, "must be strictly between 0 and 1 (0.9 = p90)"));
+            return Err(error(
+                &field("percentile"),
+                q,
+                "must be strictly between 0 and 1 (0.9 = p90)",
+            ));
         }
         p.percentile = q;
     }
     if let Some(pct) = raw.budget_percent {
         if !(pct > 0.0 && pct <= 100.0) {
-            return Err(error(&field("budget_percent"), pct, "must be greater than 0 and at most 100"));
+            return Err(error(
+                &field("budget_percent"),
+                pct,
+                "must be greater than 0 and at most 100",
+            ));
         }
         p.budget_share = pct / 100.0;
     }
     if let Some(burst) = raw.budget_burst {
         if !(1.0..=10_000.0).contains(&burst) {
-            return Err(error(&field("budget_burst"), burst, "must be between 1 and 10000 tokens"));
+            return Err(error(
+                &field("budget_burst"),
+                burst,
+                "must be between 1 and 10000 tokens",
+            ));
         }
         p.budget_burst = burst;
     }
     if let Some(text) = &raw.min_delay {
         p.min_delay = duration_field(&field("min_delay"), text)?;
         if p.min_delay < Duration::from_millis(1) {
-            return Err(error(&field("min_delay"), quoted(text), "must be at least 1ms (Envoy's per-try timeout has millisecond resolution)"));
+            return Err(error(
+                &field("min_delay"),
+                quoted(text),
+                "must be at least 1ms (Envoy's per-try timeout has millisecond resolution)",
+            ));
         }
     }
     if let Some(text) = &raw.max_delay {
         p.max_delay = duration_field(&field("max_delay"), text)?;
         if p.max_delay > Duration::from_secs(300) {
-            return Err(error(&field("max_delay"), quoted(text), "must be at most 5m"));
+            return Err(error(
+                &field("max_delay"),
+                quoted(text),
+                "must be at most 5m",
+            ));
         }
     }
     if p.min_delay > p.max_delay {
-        let name = if raw.max_delay.is_some() { "max_delay" } else { "min_delay" };
+        let name = if raw.max_delay.is_some() {
+            "max_delay"
+        } else {
+            "min_delay"
+        };
         return Err(error(
             &field(name),
-            quoted(&format_duration(if name == "max_delay" { p.max_delay } else { p.min_delay })),
+            quoted(&format_duration(if name == "max_delay" {
+                p.max_delay
+            } else {
+                p.min_delay
+            })),
             format!(
                 "min_delay ({}) must not exceed max_delay ({})",
                 format_duration(p.min_delay),
@@ -409,26 +457,46 @@ fn merge_policy(
     }
     if let Some(hedges) = raw.max_hedges {
         if !(1..=5).contains(&hedges) {
-            return Err(error(&field("max_hedges"), hedges, "must be between 1 and 5 (use \"disabled\": true to turn hedging off)"));
+            return Err(error(
+                &field("max_hedges"),
+                hedges,
+                "must be between 1 and 5 (use \"disabled\": true to turn hedging off)",
+            ));
         }
         p.max_hedges = hedges;
     }
     if let Some(n) = raw.min_samples {
         if !(1..=1_000_000).contains(&n) {
-            return Err(error(&field("min_samples"), n, "must be between 1 and 1000000"));
+            return Err(error(
+                &field("min_samples"),
+                n,
+                "must be between 1 and 1000000",
+            ));
         }
         p.min_samples = n;
     }
     if let Some(methods) = &raw.idempotent_methods {
         if methods.is_empty() {
-            return Err(error(&field("idempotent_methods"), "[]", "must list at least one method (use \"disabled\": true to turn hedging off)"));
+            return Err(error(
+                &field("idempotent_methods"),
+                "[]",
+                "must list at least one method (use \"disabled\": true to turn hedging off)",
+            ));
         }
         for m in methods {
             if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(error(&field("idempotent_methods"), quoted(m), "methods are upper-case tokens such as \"GET\""));
+                return Err(error(
+                    &field("idempotent_methods"),
+                    quoted(m),
+                    "methods are upper-case tokens such as \"GET\"",
+                ));
             }
             if m == "CONNECT" {
-                return Err(error(&field("idempotent_methods"), quoted(m), "a CONNECT tunnel cannot be duplicated"));
+                return Err(error(
+                    &field("idempotent_methods"),
+                    quoted(m),
+                    "a CONNECT tunnel cannot be duplicated",
+                ));
             }
             if NON_IDEMPOTENT_METHODS.contains(&m.as_str()) {
                 warnings.push(format!(
@@ -445,7 +513,10 @@ fn merge_policy(
             return Err(error(
                 &field("retry_on"),
                 quoted(retry_on),
-                format!("must be a comma-separated list of Envoy retry-on values ({})", RETRY_ON_VALUES.join(", ")),
+                format!(
+                    "must be a comma-separated list of Envoy retry-on values ({})",
+                    RETRY_ON_VALUES.join(", ")
+                ),
             ));
         }
         p.retry_on = values.join(",");
@@ -516,21 +587,37 @@ mod tests {
             (r#"{"min_samples": 0}"#, "min_samples"),
             (r#"{"window": "10ms"}"#, "window"),
             (r#"{"sync_interval": "1ms"}"#, "sync_interval"),
-            (r#"{"window": "2s", "sync_interval": "1s"}"#, "sync_interval"),
+            (
+                r#"{"window": "2s", "sync_interval": "1s"}"#,
+                "sync_interval",
+            ),
             (r#"{"idempotent_methods": []}"#, "idempotent_methods"),
             (r#"{"idempotent_methods": ["get"]}"#, "idempotent_methods"),
-            (r#"{"idempotent_methods": ["CONNECT"]}"#, "idempotent_methods"),
+            (
+                r#"{"idempotent_methods": ["CONNECT"]}"#,
+                "idempotent_methods",
+            ),
             (r#"{"retry_on": "sometimes"}"#, "retry_on"),
             (r#"{"latency_signal": "trailers"}"#, "latency_signal"),
             (r#"{"trust_client_headers": "yes"}"#, "trust_client_headers"),
             (r#"{"max_clusters": 0}"#, "max_clusters"),
-            (r#"{"clusters": {"a": {"percentile": 2}}}"#, "clusters.a.percentile"),
+            (
+                r#"{"clusters": {"a": {"percentile": 2}}}"#,
+                "clusters.a.percentile",
+            ),
             (r#"{"clusters": {"a": {"window": "5s"}}}"#, "clusters.a"),
-            (r#"{"clusters": {"a": {"min_delay": "30s"}}}"#, "clusters.a.min_delay"),
+            (
+                r#"{"clusters": {"a": {"min_delay": "30s"}}}"#,
+                "clusters.a.min_delay",
+            ),
         ];
         for (json, field) in cases {
             let e = err(json);
-            assert!(e.field.starts_with(field), "{json}: field {:?} should name {field}", e.field);
+            assert!(
+                e.field.starts_with(field),
+                "{json}: field {:?} should name {field}",
+                e.field
+            );
             let line = e.to_string();
             assert!(line.contains(field), "{json}: {line}");
             assert!(!e.rule.is_empty());
@@ -545,7 +632,10 @@ mod tests {
             "invalid plugin config: field \"percentile\" = 1.5: must be strictly between 0 and 1 (0.9 = p90)"
         );
         let line = err(r#"{"min_delay": "50ms", "max_delay": "10ms"}"#).to_string();
-        assert!(line.contains("min_delay (50ms) must not exceed max_delay (10ms)"), "{line}");
+        assert!(
+            line.contains("min_delay (50ms) must not exceed max_delay (10ms)"),
+            "{line}"
+        );
     }
 
     #[test]
@@ -558,7 +648,10 @@ mod tests {
 
     #[test]
     fn risky_but_legal_settings_warn() {
-        let c = Config::parse(br#"{"idempotent_methods": ["GET", "POST"], "trust_client_headers": true}"#).unwrap();
+        let c = Config::parse(
+            br#"{"idempotent_methods": ["GET", "POST"], "trust_client_headers": true}"#,
+        )
+        .unwrap();
         assert_eq!(c.warnings.len(), 2);
     }
 

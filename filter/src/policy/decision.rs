@@ -34,7 +34,10 @@ pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch) -> Option<HedgeDelay
     let min_us = policy.min_delay.as_micros() as f64;
     let max_us = policy.max_delay.as_micros() as f64;
     let delay_us = quantile_us.clamp(min_us, max_us).round() as u64;
-    let per_try_timeout_ms = Duration::from_micros(delay_us).as_micros().div_ceil(1000).max(1) as u64;
+    let per_try_timeout_ms = Duration::from_micros(delay_us)
+        .as_micros()
+        .div_ceil(1000)
+        .max(1) as u64;
     Some(HedgeDelay {
         delay_us,
         per_try_timeout_ms,
@@ -120,53 +123,110 @@ mod tests {
 
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
-        let policy = ClusterPolicy { min_samples: 10, ..Default::default() };
+        let policy = ClusterPolicy {
+            min_samples: 10,
+            ..Default::default()
+        };
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
         let d = hedge_delay(&policy, &window_of(&values)).unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
-        let tight = ClusterPolicy { min_samples: 10, max_delay: Duration::from_millis(3), ..Default::default() };
-        assert_eq!(hedge_delay(&tight, &window_of(&values)).unwrap().per_try_timeout_ms, 3);
-        let floor = ClusterPolicy { min_samples: 10, min_delay: Duration::from_millis(20), ..Default::default() };
-        assert_eq!(hedge_delay(&floor, &window_of(&values)).unwrap().per_try_timeout_ms, 20);
+        let tight = ClusterPolicy {
+            min_samples: 10,
+            max_delay: Duration::from_millis(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            hedge_delay(&tight, &window_of(&values))
+                .unwrap()
+                .per_try_timeout_ms,
+            3
+        );
+        let floor = ClusterPolicy {
+            min_samples: 10,
+            min_delay: Duration::from_millis(20),
+            ..Default::default()
+        };
+        assert_eq!(
+            hedge_delay(&floor, &window_of(&values))
+                .unwrap()
+                .per_try_timeout_ms,
+            20
+        );
     }
 
     #[test]
     fn warming_up_until_min_samples() {
-        let policy = ClusterPolicy { min_samples: 100, ..Default::default() };
+        let policy = ClusterPolicy {
+            min_samples: 100,
+            ..Default::default()
+        };
         assert_eq!(hedge_delay(&policy, &window_of(&[1000.0; 99])), None);
         assert!(hedge_delay(&policy, &window_of(&[1000.0; 100])).is_some());
         let mut b = funded();
-        assert_eq!(decide(&policy, None, b"GET", &mut b), Decision::Skip(Skip::WarmingUp));
+        assert_eq!(
+            decide(&policy, None, b"GET", &mut b),
+            Decision::Skip(Skip::WarmingUp)
+        );
     }
 
     #[test]
     fn arms_idempotent_methods_only() {
         let policy = ClusterPolicy::default();
-        let delay = Some(HedgeDelay { delay_us: 7200, per_try_timeout_ms: 8 });
+        let delay = Some(HedgeDelay {
+            delay_us: 7200,
+            per_try_timeout_ms: 8,
+        });
         let mut b = funded();
         assert_eq!(
             decide(&policy, delay, b"GET", &mut b),
-            Decision::Arm(Hedge { per_try_timeout_ms: 8, hedges: 1 })
+            Decision::Arm(Hedge {
+                per_try_timeout_ms: 8,
+                hedges: 1
+            })
         );
         for m in [&b"POST"[..], b"PUT", b"PATCH", b"DELETE", b"CONNECT", b""] {
-            assert_eq!(decide(&policy, delay, m, &mut b), Decision::Skip(Skip::Method));
+            assert_eq!(
+                decide(&policy, delay, m, &mut b),
+                Decision::Skip(Skip::Method)
+            );
         }
-        let off = ClusterPolicy { disabled: true, ..Default::default() };
-        assert_eq!(decide(&off, delay, b"GET", &mut b), Decision::Skip(Skip::Disabled));
+        let off = ClusterPolicy {
+            disabled: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&off, delay, b"GET", &mut b),
+            Decision::Skip(Skip::Disabled)
+        );
     }
 
     #[test]
     fn no_token_no_hedge() {
-        let policy = ClusterPolicy { max_hedges: 3, ..Default::default() };
-        let delay = Some(HedgeDelay { delay_us: 1000, per_try_timeout_ms: 1 });
+        let policy = ClusterPolicy {
+            max_hedges: 3,
+            ..Default::default()
+        };
+        let delay = Some(HedgeDelay {
+            delay_us: 1000,
+            per_try_timeout_ms: 1,
+        });
         let mut b = LocalBudget::default();
-        assert_eq!(decide(&policy, delay, b"GET", &mut b), Decision::Skip(Skip::BudgetExhausted));
+        assert_eq!(
+            decide(&policy, delay, b"GET", &mut b),
+            Decision::Skip(Skip::BudgetExhausted)
+        );
         for _ in 0..25 {
             b.earn(100_000, 10_000_000);
         }
         // 2.5 tokens: two of the three hedges are paid for
-        assert_eq!(decide(&policy, delay, b"GET", &mut b), Decision::Arm(Hedge { per_try_timeout_ms: 1, hedges: 2 }));
+        assert_eq!(
+            decide(&policy, delay, b"GET", &mut b),
+            Decision::Arm(Hedge {
+                per_try_timeout_ms: 1,
+                hedges: 2
+            })
+        );
     }
 }

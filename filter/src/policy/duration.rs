@@ -20,7 +20,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1.0,
         "m" => 60.0,
         "" => return Err(format!("\"{text}\" has no unit (use ns, us, ms, s or m)")),
-        other => return Err(format!("\"{text}\" has an unknown unit \"{other}\" (use ns, us, ms, s or m)")),
+        other => {
+            return Err(format!(
+                "\"{text}\" has an unknown unit \"{other}\" (use ns, us, ms, s or m)"
+            ))
+        }
     };
     let seconds = value * seconds_per_unit;
     if !seconds.is_finite() || seconds > 86_400.0 {
@@ -57,7 +61,19 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "ms", "5", "5 ms", "-5ms", "5h", "1e3ms", "abc", "5ms5", "1.2.3s", "99999999s"] {
+        for bad in [
+            "",
+            "ms",
+            "5",
+            "5 ms",
+            "-5ms",
+            "5h",
+            "1e3ms",
+            "abc",
+            "5ms5",
+            "1.2.3s",
+            "99999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
     }

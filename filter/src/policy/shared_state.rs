@@ -46,7 +46,10 @@ impl fmt::Display for DecodeError {
             DecodeError::Truncated => write!(f, "value is truncated"),
             DecodeError::BadMagic => write!(f, "value is not an adaptive-hedge record"),
             DecodeError::UnsupportedVersion(v) => {
-                write!(f, "encoding version {v} (this filter reads version {ENCODING_VERSION})")
+                write!(
+                    f,
+                    "encoding version {v} (this filter reads version {ENCODING_VERSION})"
+                )
             }
             DecodeError::GeometryChanged => write!(f, "window length changed"),
             DecodeError::Corrupt(what) => write!(f, "corrupt value: {what}"),
@@ -77,7 +80,12 @@ impl SharedCluster {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let buckets: usize = self.window.slices.iter().map(|s| s.sketch.counts().len()).sum();
+        let buckets: usize = self
+            .window
+            .slices
+            .iter()
+            .map(|s| s.sketch.counts().len())
+            .sum();
         let mut out = Vec::with_capacity(4 + 8 * 4 + 1 + SLICES * 12 + buckets * 4);
         out.extend_from_slice(CLUSTER_MAGIC);
         out.push(ENCODING_VERSION);
@@ -180,7 +188,8 @@ impl Registry {
         for _ in 0..count {
             let len = usize::from(r.u16()?);
             let raw = r.take(len)?;
-            let name = std::str::from_utf8(raw).map_err(|_| DecodeError::Corrupt("cluster name is not UTF-8"))?;
+            let name = std::str::from_utf8(raw)
+                .map_err(|_| DecodeError::Corrupt("cluster name is not UTF-8"))?;
             names.push(name.to_string());
         }
         if !r.bytes.is_empty() {
@@ -324,7 +333,10 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(SharedCluster::decode(&longer, c.window.geometry).is_err());
-        assert_eq!(SharedCluster::decode(b"hello world", c.window.geometry), Err(DecodeError::BadMagic));
+        assert_eq!(
+            SharedCluster::decode(b"hello world", c.window.geometry),
+            Err(DecodeError::BadMagic)
+        );
         // flip every byte once: decoding may succeed or fail, but never panics
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
@@ -338,14 +350,22 @@ mod tests {
         let c = sample_cluster();
         let mut bytes = c.encode();
         bytes[3] = 0;
-        assert_eq!(SharedCluster::decode(&bytes, c.window.geometry), Err(DecodeError::UnsupportedVersion(0)));
+        assert_eq!(
+            SharedCluster::decode(&bytes, c.window.geometry),
+            Err(DecodeError::UnsupportedVersion(0))
+        );
         let other = WindowGeometry::new(Duration::from_secs(60));
-        assert_eq!(SharedCluster::decode(&c.encode(), other), Err(DecodeError::GeometryChanged));
+        assert_eq!(
+            SharedCluster::decode(&c.encode(), other),
+            Err(DecodeError::GeometryChanged)
+        );
     }
 
     #[test]
     fn registry_round_trips_and_rejects_garbage() {
-        let r = Registry { names: vec!["a".into(), "outbound|80||svc.ns.svc.cluster.local".into()] };
+        let r = Registry {
+            names: vec!["a".into(), "outbound|80||svc.ns.svc.cluster.local".into()],
+        };
         let bytes = r.encode();
         assert_eq!(Registry::decode(&bytes).unwrap(), r);
         for n in 0..bytes.len() {

@@ -19,7 +19,7 @@ fn gamma() -> f64 {
 
 /// Bucket key for a value in microseconds.
 pub fn key_for(value_us: f64) -> i32 {
-    if !(value_us > 1.0) {
+    if value_us.is_nan() || value_us <= 1.0 {
         // <= 1 µs, or NaN: the lowest bucket.
         return 0;
     }
@@ -62,7 +62,11 @@ impl Sketch {
             return None;
         }
         let total = counts.iter().map(|&c| u64::from(c)).sum();
-        Some(Sketch { offset, counts, total })
+        Some(Sketch {
+            offset,
+            counts,
+            total,
+        })
     }
 
     pub fn offset(&self) -> i32 {
@@ -177,7 +181,10 @@ mod tests {
             let want = exact(&values, q);
             let got = sketch.quantile(q).unwrap();
             let err = (got - want).abs() / want;
-            assert!(err <= RELATIVE_ACCURACY + 1e-9, "q={q}: got {got}, exact {want}, err {err}");
+            assert!(
+                err <= RELATIVE_ACCURACY + 1e-9,
+                "q={q}: got {got}, exact {want}, err {err}"
+            );
         }
         assert_eq!(sketch.count(), 100_000);
     }
@@ -189,7 +196,11 @@ mod tests {
         let (mut a, mut b, mut all) = (Sketch::new(), Sketch::new(), Sketch::new());
         for i in 0..20_000 {
             let v = dist.sample(&mut rng) * if i % 3 == 0 { 40.0 } else { 1.0 };
-            if i % 2 == 0 { a.add(v) } else { b.add(v) }
+            if i % 2 == 0 {
+                a.add(v)
+            } else {
+                b.add(v)
+            }
             all.add(v);
         }
         a.merge(&b);

@@ -57,7 +57,9 @@ impl ClusterWindow {
     }
 
     fn is_live(&self, slice: &Slice, now_epoch: u64) -> bool {
-        !slice.sketch.is_empty() && slice.epoch <= now_epoch && now_epoch - slice.epoch < SLICES as u64
+        !slice.sketch.is_empty()
+            && slice.epoch <= now_epoch
+            && now_epoch - slice.epoch < SLICES as u64
     }
 
     /// Adds a batch of samples taken up to `now_ms` to the current slice.
@@ -79,7 +81,10 @@ impl ClusterWindow {
     pub fn expire(&mut self, now_ms: u64) {
         let now_epoch = self.geometry.epoch(now_ms);
         for i in 0..SLICES {
-            let live = self.slices.get(i).is_some_and(|s| self.is_live(s, now_epoch));
+            let live = self
+                .slices
+                .get(i)
+                .is_some_and(|s| self.is_live(s, now_epoch));
             if let (false, Some(slot)) = (live, self.slices.get_mut(i)) {
                 slot.sketch.clear();
                 slot.epoch = 0;

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
 use super::decision::{decide, hedge_delay, Decision, HedgeDelay, Skip};
-use super::shared_state::{cluster_key, Registry, SharedCluster, SharedStore, StoreError, MAX_CLUSTER_NAME, REGISTRY_KEY};
+use super::shared_state::{
+    cluster_key, Registry, SharedCluster, SharedStore, StoreError, MAX_CLUSTER_NAME, REGISTRY_KEY,
+};
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
 
@@ -166,7 +168,11 @@ impl Worker {
     }
 
     /// Request headers: find the cluster, earn budget, decide.
-    pub fn on_request(&mut self, cluster: Option<&[u8]>, method: &[u8]) -> (Option<ClusterId>, Decision) {
+    pub fn on_request(
+        &mut self,
+        cluster: Option<&[u8]>,
+        method: &[u8],
+    ) -> (Option<ClusterId>, Decision) {
         let Some(name) = cluster.filter(|n| !n.is_empty()) else {
             return (None, Decision::Skip(Skip::NoCluster));
         };
@@ -183,7 +189,9 @@ impl Worker {
         }
         state.counters.requests += 1;
         state.requests_unsynced += 1;
-        state.budget.earn(state.policy.share_micro(), state.policy.burst_micro());
+        state
+            .budget
+            .earn(state.policy.share_micro(), state.policy.burst_micro());
         let decision = decide(&state.policy, state.hedge_delay, method, &mut state.budget);
         match decision {
             Decision::Arm(_) => state.counters.hedges_armed += 1,
@@ -196,11 +204,16 @@ impl Worker {
     /// A request the filter decided not to arm because the client controls
     /// hedging itself (`trust_client_headers`). Counted, nothing reserved.
     pub fn on_client_controlled(&mut self, cluster: Option<&[u8]>) {
-        if let Some(state) = cluster.and_then(|n| self.index.get(n).copied()).and_then(|id| self.clusters.get_mut(id)) {
+        if let Some(state) = cluster
+            .and_then(|n| self.index.get(n).copied())
+            .and_then(|id| self.clusters.get_mut(id))
+        {
             state.counters.requests += 1;
             state.counters.ineligible += 1;
             state.requests_unsynced += 1;
-            state.budget.earn(state.policy.share_micro(), state.policy.burst_micro());
+            state
+                .budget
+                .earn(state.policy.share_micro(), state.policy.burst_micro());
         }
     }
 
@@ -246,7 +259,11 @@ impl Worker {
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
-        if self.clusters.iter().any(|c| c.tracking == Tracking::Pending) {
+        if self
+            .clusters
+            .iter()
+            .any(|c| c.tracking == Tracking::Pending)
+        {
             self.register_pending(store, log);
         }
         for id in 0..self.clusters.len() {
@@ -260,7 +277,10 @@ impl Worker {
                 Ok(Some((bytes, cas))) => match Registry::decode(&bytes) {
                     Ok(r) => (r, cas),
                     Err(e) => {
-                        log.log(Level::Warn, &format!("shared registry {REGISTRY_KEY} reset: {e}"));
+                        log.log(
+                            Level::Warn,
+                            &format!("shared registry {REGISTRY_KEY} reset: {e}"),
+                        );
                         self.global.0[RESETS] += 1;
                         (Registry::default(), cas)
                     }
@@ -319,7 +339,13 @@ impl Worker {
         }
     }
 
-    fn sync_cluster(&mut self, id: ClusterId, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
+    fn sync_cluster(
+        &mut self,
+        id: ClusterId,
+        now_ms: u64,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) {
         let geometry = self.geometry;
         let Some(state) = self.clusters.get(id) else {
             return;
@@ -338,7 +364,10 @@ impl Worker {
                     Err(e) => {
                         if !state.reset_logged {
                             state.reset_logged = true;
-                            log.log(Level::Warn, &format!("shared state of cluster \"{}\" reset: {e}", state.name));
+                            log.log(
+                                Level::Warn,
+                                &format!("shared state of cluster \"{}\" reset: {e}", state.name),
+                            );
                         }
                         self.global.0[RESETS] += 1;
                         (SharedCluster::new(geometry), cas)
@@ -388,7 +417,10 @@ impl Worker {
     fn host_error(&mut self, log: &mut dyn Logger, call: &str, e: StoreError) {
         self.global.0[HOST_ERRORS] += 1;
         if self.global.0[HOST_ERRORS] == 1 {
-            log.log(Level::Error, &format!("{call} failed: {e:?}; hedging uses the last known state"));
+            log.log(
+                Level::Error,
+                &format!("{call} failed: {e:?}; hedging uses the last known state"),
+            );
         }
     }
 
@@ -407,7 +439,11 @@ impl Worker {
                 }
             }
         }
-        for state in self.clusters.iter_mut().filter(|c| c.tracking == Tracking::Tracked) {
+        for state in self
+            .clusters
+            .iter_mut()
+            .filter(|c| c.tracking == Tracking::Tracked)
+        {
             let ids = match state.metric_ids {
                 Some(ids) => Some(ids),
                 None => define_all(sink, &CLUSTER_COUNTERS, &CLUSTER_GAUGES, Some(&state.name)),
@@ -415,13 +451,22 @@ impl Worker {
             state.metric_ids = ids;
             let Some(ids) = ids else { continue };
             let c = std::mem::take(&mut state.counters);
-            let deltas = [c.requests, c.hedges_armed, c.hedges_sent, c.budget_exhausted, c.ineligible];
+            let deltas = [
+                c.requests,
+                c.hedges_armed,
+                c.hedges_sent,
+                c.budget_exhausted,
+                c.ineligible,
+            ];
             for (id, n) in ids.iter().zip(deltas) {
                 if n > 0 {
                     sink.add(*id, n);
                 }
             }
-            let gauges = [state.hedge_delay.map_or(0, |d| d.delay_us), state.window_samples];
+            let gauges = [
+                state.hedge_delay.map_or(0, |d| d.delay_us),
+                state.window_samples,
+            ];
             for (id, v) in ids.iter().skip(CLUSTER_COUNTERS.len()).zip(gauges) {
                 sink.set(*id, v);
             }
@@ -437,7 +482,10 @@ fn define_all<const N: usize>(
     cluster: Option<&str>,
 ) -> Option<[u32; N]> {
     let mut ids = [0u32; N];
-    let names = counters.iter().map(|n| (n, MetricKind::Counter)).chain(gauges.iter().map(|n| (n, MetricKind::Gauge)));
+    let names = counters
+        .iter()
+        .map(|n| (n, MetricKind::Counter))
+        .chain(gauges.iter().map(|n| (n, MetricKind::Gauge)));
     for (slot, (name, kind)) in ids.iter_mut().zip(names) {
         let full = match cluster {
             Some(c) => metric_name(name, c),
@@ -499,7 +547,11 @@ mod tests {
                 let (id, d) = w.on_request(Some(cluster.as_bytes()), b"GET");
                 let id = id.unwrap();
                 w.on_response(id, us);
-                let reserved = if let Decision::Arm(h) = d { h.hedges } else { 0 };
+                let reserved = if let Decision::Arm(h) = d {
+                    h.hedges
+                } else {
+                    0
+                };
                 w.on_complete(id, reserved, Some(1));
                 d
             })
@@ -516,11 +568,21 @@ mod tests {
         traffic(&mut a, "c", 60, 2000);
         traffic(&mut b, "c", 60, 2000);
         a.sync(T0, &store, &mut log);
-        assert_eq!(a.cluster(0).unwrap().hedge_delay, None, "60 samples are not enough");
+        assert_eq!(
+            a.cluster(0).unwrap().hedge_delay,
+            None,
+            "60 samples are not enough"
+        );
         b.sync(T0 + 10, &store, &mut log);
         a.sync(T0 + 200, &store, &mut log);
-        let (da, db) = (a.cluster(0).unwrap().hedge_delay, b.cluster(0).unwrap().hedge_delay);
-        assert!(da.is_some(), "120 samples from both workers warm the cluster up");
+        let (da, db) = (
+            a.cluster(0).unwrap().hedge_delay,
+            b.cluster(0).unwrap().hedge_delay,
+        );
+        assert!(
+            da.is_some(),
+            "120 samples from both workers warm the cluster up"
+        );
         assert_eq!(da, db, "both workers arm the same delay");
         assert_eq!(a.cluster(0).unwrap().window_samples, 120);
         assert!(log.0.is_empty(), "{:?}", log.0);
@@ -592,10 +654,16 @@ mod tests {
         };
         run(&mut w, &mut now, 60_000, 1);
         let before = w.cluster(0).unwrap().hedge_delay.unwrap().delay_us as f64;
-        assert!((before / 9100.0 - 1.0).abs() < 0.03, "p90 before the shift: {before}");
+        assert!(
+            (before / 9100.0 - 1.0).abs() < 0.03,
+            "p90 before the shift: {before}"
+        );
         run(&mut w, &mut now, 30_000, 3);
         let after = w.cluster(0).unwrap().hedge_delay.unwrap().delay_us as f64;
-        assert!((after / 27_300.0 - 1.0).abs() < 0.03, "p90 one window after the shift: {after}");
+        assert!(
+            (after / 27_300.0 - 1.0).abs() < 0.03,
+            "p90 one window after the shift: {after}"
+        );
     }
 
     #[test]
@@ -609,7 +677,11 @@ mod tests {
             store.set(&cluster_key("c"), garbage, 0).unwrap();
             traffic(&mut w, "c", 20, 3000);
             w.sync(T0 + 200, &store, &mut log);
-            assert_eq!(w.cluster(0).unwrap().window_samples, 20, "recovered with the new samples");
+            assert_eq!(
+                w.cluster(0).unwrap().window_samples,
+                20,
+                "recovered with the new samples"
+            );
         }
         assert_eq!(log.0.len(), 1, "{:?}", log.0);
         assert!(log.0[0].contains("reset"));
@@ -674,8 +746,14 @@ mod tests {
     #[test]
     fn requests_without_a_cluster_are_not_armed() {
         let mut w = Worker::new(config(""));
-        assert_eq!(w.on_request(None, b"GET").1, Decision::Skip(Skip::NoCluster));
-        assert_eq!(w.on_request(Some(b""), b"GET").1, Decision::Skip(Skip::NoCluster));
+        assert_eq!(
+            w.on_request(None, b"GET").1,
+            Decision::Skip(Skip::NoCluster)
+        );
+        assert_eq!(
+            w.on_request(Some(b""), b"GET").1,
+            Decision::Skip(Skip::NoCluster)
+        );
         let _ = Duration::ZERO;
     }
 }

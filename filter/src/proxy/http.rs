@@ -1,0 +1,198 @@
+//! The HTTP context: one per request. Headers -> decision -> Envoy's hedge
+//! headers; response -> latency sample; end of stream -> budget settlement.
+//! Request headers cannot be read on the response path, so everything the
+//! later callbacks need is copied into this struct during the request phase.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+
+use super::host;
+use crate::policy::config::LatencySignal;
+use crate::policy::decision::{Decision, Hedge};
+use crate::policy::worker::{ClusterId, Worker};
+
+const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
+const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
+const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
+/// `response.code_details` of a response that came from an upstream (not a
+/// local reply such as no healthy upstream, connect failure or timeout).
+const VIA_UPSTREAM: &[u8] = b"via_upstream";
+
+const PER_TRY_TIMEOUT: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
+const HEDGE_ON_PER_TRY_TIMEOUT: &str = "x-envoy-hedge-on-per-try-timeout";
+const MAX_RETRIES: &str = "x-envoy-max-retries";
+const RETRY_ON: &str = "x-envoy-retry-on";
+const RETRY_GRPC_ON: &str = "x-envoy-retry-grpc-on";
+/// Every request header that can make Envoy send more than one attempt.
+const CONTROL_HEADERS: [&str; 5] = [
+    PER_TRY_TIMEOUT,
+    HEDGE_ON_PER_TRY_TIMEOUT,
+    MAX_RETRIES,
+    RETRY_ON,
+    RETRY_GRPC_ON,
+];
+
+pub struct HedgeHttp {
+    worker: Option<Rc<RefCell<Worker>>>,
+    signal: LatencySignal,
+    trust_client_headers: bool,
+    cluster: Option<ClusterId>,
+    started_ns: u64,
+    /// Hedges paid for when armed; settled when the stream ends.
+    reserved: u32,
+    sampled: bool,
+}
+
+impl HedgeHttp {
+    pub fn new(worker: Option<Rc<RefCell<Worker>>>) -> Self {
+        let (signal, trust_client_headers) = worker
+            .as_ref()
+            .and_then(|w| {
+                w.try_borrow()
+                    .ok()
+                    .map(|w| (w.config.latency_signal, w.config.trust_client_headers))
+            })
+            .unwrap_or((LatencySignal::Headers, false));
+        HedgeHttp {
+            worker,
+            signal,
+            trust_client_headers,
+            cluster: None,
+            started_ns: 0,
+            reserved: 0,
+            sampled: false,
+        }
+    }
+
+    /// Sets the router headers. The per-try timeout (the trigger) goes last:
+    /// if anything before it fails, nothing is armed and no header is left
+    /// that could turn the timeout into a plain retry that cancels the first
+    /// attempt.
+    fn arm(&self, hedge: Hedge, retry_on: &str) -> bool {
+        let hedges = hedge.hedges.to_string();
+        let timeout = hedge.per_try_timeout_ms.to_string();
+        let armed = host::set_request_header(HEDGE_ON_PER_TRY_TIMEOUT, b"true").is_ok()
+            && host::set_request_header(MAX_RETRIES, hedges.as_bytes()).is_ok()
+            && host::set_request_header(RETRY_ON, retry_on.as_bytes()).is_ok()
+            && host::remove_request_header(RETRY_GRPC_ON).is_ok()
+            && host::set_request_header(PER_TRY_TIMEOUT, timeout.as_bytes()).is_ok();
+        if !armed {
+            strip_control_headers();
+        }
+        armed
+    }
+
+    /// Records the latency of an upstream response once.
+    fn sample(&mut self) {
+        if self.sampled {
+            return;
+        }
+        self.sampled = true;
+        let (Some(id), Some(worker)) = (self.cluster, &self.worker) else {
+            return;
+        };
+        if self.started_ns == 0 {
+            return;
+        }
+        // Local replies (no healthy host, connect failure, timeouts) are not
+        // the upstream's latency.
+        if host::property(RESPONSE_CODE_DETAILS)
+            .ok()
+            .flatten()
+            .as_deref()
+            != Some(VIA_UPSTREAM)
+        {
+            return;
+        }
+        let Ok(now) = host::now_ns() else { return };
+        let latency_us = now.saturating_sub(self.started_ns) / 1000;
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            w.on_response(id, latency_us);
+        }
+    }
+}
+
+fn strip_control_headers() {
+    for name in CONTROL_HEADERS {
+        let _ = host::remove_request_header(name);
+    }
+}
+
+fn client_sent_control_headers() -> bool {
+    CONTROL_HEADERS
+        .iter()
+        .any(|name| matches!(host::request_header(name), Ok(Some(_))))
+}
+
+impl Context for HedgeHttp {}
+
+impl HttpContext for HedgeHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(worker) = self.worker.clone() else {
+            strip_control_headers();
+            return Action::Continue;
+        };
+        self.started_ns = host::now_ns().unwrap_or(0);
+        let cluster = host::property(CLUSTER_NAME).ok().flatten();
+        if self.trust_client_headers && client_sent_control_headers() {
+            // The operator trusts clients and this one chose for itself.
+            if let Ok(mut w) = worker.try_borrow_mut() {
+                w.on_client_controlled(cluster.as_deref());
+            }
+            return Action::Continue;
+        }
+        let method = host::request_header(":method")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let Ok(mut w) = worker.try_borrow_mut() else {
+            strip_control_headers();
+            return Action::Continue;
+        };
+        let (id, decision) = w.on_request(cluster.as_deref(), &method);
+        self.cluster = id;
+        match (decision, id) {
+            (Decision::Arm(hedge), Some(id)) => {
+                let retry_on = w.cluster(id).map_or("5xx", |c| c.policy.retry_on.as_str());
+                if self.arm(hedge, retry_on) {
+                    self.reserved = hedge.hedges;
+                } else {
+                    w.on_complete(id, hedge.hedges, Some(1)); // not armed: give the tokens back
+                }
+            }
+            _ => strip_control_headers(),
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if self.signal == LatencySignal::Headers || end_of_stream {
+            self.sample();
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
+            self.sample();
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if self.reserved == 0 {
+            return;
+        }
+        let reserved = std::mem::take(&mut self.reserved);
+        let (Some(id), Some(worker)) = (self.cluster, &self.worker) else {
+            return;
+        };
+        let attempts = host::int_property(ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            w.on_complete(id, reserved, attempts);
+        }
+    }
+}

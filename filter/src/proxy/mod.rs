@@ -1,0 +1,13 @@
+//! The proxy-wasm glue: a root context per plugin (config, tick) and an HTTP
+//! context per request. Thin on purpose: every decision is in `policy`.
+
+mod host;
+mod http;
+mod root;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::HedgeRoot::default())
+    });
+}}
