@@ -1,0 +1,382 @@
+//! Runs the real Envoy binary with a config from `envoy-configs/`, rendered
+//! onto free loopback ports, and the real `.wasm`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// `$ENVOY`, else the project venv's `envoy`, else `envoy` on PATH.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("ENVOY") {
+        return PathBuf::from(p);
+    }
+    let venv = repo_root().join(".venv/bin/envoy");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("envoy")
+}
+
+/// `$ADAPTIVE_HEDGE_WASM`, else `build/adaptive_hedge.wasm` (`make build`).
+pub fn wasm_path() -> PathBuf {
+    std::env::var_os("ADAPTIVE_HEDGE_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("build/adaptive_hedge.wasm"))
+}
+
+/// A free port on 127.0.0.1 (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+pub struct EnvoyOptions {
+    /// File name under `envoy-configs/`.
+    pub config: String,
+    /// Plugin configuration JSON (replaces the file's `value: "{}"`).
+    pub plugin_config: Option<String>,
+    /// Replace the upstream ports 8081, 8082, ... in order.
+    pub upstream_ports: Vec<u16>,
+    pub concurrency: u32,
+    /// Extra textual edits (from, to), each of which must match.
+    pub edits: Vec<(String, String)>,
+}
+
+impl EnvoyOptions {
+    pub fn new(config: &str, upstream_ports: &[u16]) -> Self {
+        EnvoyOptions {
+            config: config.to_string(),
+            plugin_config: None,
+            upstream_ports: upstream_ports.to_vec(),
+            concurrency: 2,
+            edits: Vec::new(),
+        }
+    }
+
+    pub fn plugin_config(mut self, json: &str) -> Self {
+        self.plugin_config = Some(json.to_string());
+        self
+    }
+
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    pub fn edit(mut self, from: &str, to: &str) -> Self {
+        self.edits.push((from.to_string(), to.to_string()));
+        self
+    }
+
+    /// Makes Envoy treat loopback clients as internal, so that it would obey
+    /// their `x-envoy-*` retry headers if the filter did not remove them.
+    pub fn trust_loopback_clients(self) -> Self {
+        self.edit(
+            "stat_prefix: ingress\n",
+            "stat_prefix: ingress\n                use_remote_address: true\n                internal_address_config:\n                  cidr_ranges: [{ address_prefix: 127.0.0.0, prefix_len: 8 }]\n",
+        )
+    }
+}
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+pub struct Envoy {
+    child: Child,
+    pub admin_port: u16,
+    pub listener_port: u16,
+    dir: PathBuf,
+}
+
+fn render(opts: &EnvoyOptions, admin: u16, listener: u16) -> Result<String, String> {
+    let path = repo_root().join("envoy-configs").join(&opts.config);
+    let mut text =
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut replace = |from: &str, to: &str| -> Result<(), String> {
+        if !text.contains(from) {
+            return Err(format!("{}: `{from}` not found", opts.config));
+        }
+        text = text.replace(from, to);
+        Ok(())
+    };
+    replace("port_value: 9901 ", &format!("port_value: {admin} "))?;
+    replace("port_value: 10000 ", &format!("port_value: {listener} "))?;
+    for (i, port) in opts.upstream_ports.iter().enumerate() {
+        replace(
+            &format!("port_value: {} ", 8081 + i),
+            &format!("port_value: {port} "),
+        )?;
+    }
+    let wasm = wasm_path().display().to_string();
+    let _ = replace("build/adaptive_hedge.wasm", &wasm); // configs without the filter have none
+    if let Some(json) = &opts.plugin_config {
+        let quoted = serde_json::to_string(json).map_err(|e| e.to_string())?;
+        replace("value: \"{}\"", &format!("value: {quoted}"))?;
+    }
+    for (from, to) in &opts.edits {
+        replace(from, to)?;
+    }
+    Ok(text)
+}
+
+impl Envoy {
+    /// Starts Envoy and waits for `/ready`. The error carries Envoy's log.
+    pub fn start(opts: EnvoyOptions) -> Result<Envoy, String> {
+        if !wasm_path().exists() {
+            return Err(format!(
+                "{} is missing: run `make build`",
+                wasm_path().display()
+            ));
+        }
+        let admin_port = free_port();
+        let listener_port = free_port();
+        let text = render(&opts, admin_port, listener_port)?;
+        let n = INSTANCE.fetch_add(1, Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("adaptive-hedge-envoy-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let config_path = dir.join("envoy.yaml");
+        std::fs::write(&config_path, &text).map_err(|e| e.to_string())?;
+        // stderr, not --log-path: the log file is flushed lazily, stderr at once
+        let log_file = std::fs::File::create(dir.join("envoy.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config_path)
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args([
+                "--use-dynamic-base-id",
+                "--disable-hot-restart",
+                "--log-level",
+                "info",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot run {}: {e} (run `make setup`)",
+                    envoy_binary().display()
+                )
+            })?;
+        let mut envoy = Envoy {
+            child,
+            admin_port,
+            listener_port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = envoy.child.try_wait() {
+                return Err(format!(
+                    "envoy exited ({status}) before ready:\n{}",
+                    envoy.log()
+                ));
+            }
+            if matches!(envoy.admin("/ready"), Ok((200, _))) {
+                return Ok(envoy);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("envoy not ready after 30s:\n{}", envoy.log()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs `envoy --mode validate` on a rendered config; returns (ok, output).
+    pub fn validate(opts: EnvoyOptions) -> Result<(bool, String), String> {
+        let text = render(&opts, 9901, 10000)?;
+        let n = INSTANCE.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!(
+            "adaptive-hedge-validate-{}-{n}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        let out = Command::new(envoy_binary())
+            .args(["--mode", "validate", "--use-dynamic-base-id", "-c"])
+            .arg(&path)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(&path);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.success(), text))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.listener_port)
+    }
+
+    /// GET on the admin port: (status, body).
+    pub fn admin(&self, path: &str) -> std::io::Result<(u16, String)> {
+        http_get(self.admin_port, path)
+    }
+
+    /// Counters and gauges from `/stats`.
+    pub fn stats(&self) -> HashMap<String, i64> {
+        let body = self.admin("/stats").map(|(_, b)| b).unwrap_or_default();
+        body.lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One stat (0 if absent).
+    pub fn stat(&self, name: &str) -> i64 {
+        self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// A filter stat: `adaptive_hedge.<metric>.<cluster>` (as shown at /stats).
+    pub fn filter_stat(&self, metric: &str, cluster: &str) -> i64 {
+        self.stat(&format!("wasmcustom.adaptive_hedge.{metric}.{cluster}"))
+    }
+
+    /// Envoy's log, without the start-up listing of compiled-in extensions.
+    pub fn log(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.contains("server.cc:467]") && !l.contains("server.cc:547]"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Envoy's log shows no VM failure (a crashed filter under FAIL_OPEN
+    /// would look like no filter at all).
+    pub fn assert_no_vm_failure(&self) {
+        let log = self.log();
+        for needle in [
+            "panicked",
+            "wasm trap",
+            "Wasm VM failed",
+            "Function: proxy_on",
+            "Failed to load Wasm",
+            "unreachable",
+        ] {
+            assert!(
+                !log.contains(needle),
+                "Envoy log shows a VM failure ({needle}):\n{log}"
+            );
+        }
+        for (name, value) in self.stats() {
+            if name.starts_with("wasm.")
+                && (name.ends_with(".failed") || name.contains("runtime_error"))
+            {
+                assert_eq!(value, 0, "{name} = {value}");
+            }
+        }
+        assert!(
+            log.contains("adaptive-hedge 0.1.0 configured"),
+            "the filter never configured:\n{log}"
+        );
+    }
+
+    /// The filter's stats of one cluster, for failure messages.
+    pub fn filter_stats(&self, cluster: &str) -> String {
+        let mut lines: Vec<String> = self
+            .stats()
+            .into_iter()
+            .filter(|(k, _)| {
+                k.starts_with("wasmcustom.")
+                    && (k.ends_with(&format!(".{cluster}")) || !k.contains(".backend"))
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        lines.sort();
+        lines.join(" ")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "----- envoy log ({}) -----\n{}\n----- end of envoy log -----",
+                self.dir.display(),
+                self.log()
+            );
+        }
+        // SAFETY: signalling our own child by its pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A minimal blocking HTTP/1.1 GET on loopback (Envoy refuses HTTP/1.0).
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Ok((
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

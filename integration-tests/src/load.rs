@@ -1,0 +1,206 @@
+//! HTTP client and load generators (open loop at a constant arrival rate, and
+//! closed loop with N callers), recording latencies into an HDR histogram.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+
+pub type Client = HyperClient<HttpConnector, Empty<Bytes>>;
+
+pub fn client() -> Client {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    HyperClient::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
+
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: String,
+    pub elapsed: Duration,
+}
+
+/// One request; `headers` are added as given.
+pub async fn request(
+    client: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let mut builder = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let req = builder
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).to_string(),
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Latencies (µs) and outcomes of a load run.
+pub struct LoadResult {
+    pub latency_us: Histogram<u64>,
+    pub statuses: HashMap<u16, u64>,
+    pub errors: u64,
+    pub sent: u64,
+    pub elapsed: Duration,
+}
+
+impl LoadResult {
+    fn new() -> Self {
+        LoadResult {
+            latency_us: Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds"),
+            statuses: HashMap::new(),
+            errors: 0,
+            sent: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn record(&mut self, outcome: &Result<Reply, String>, elapsed: Duration) {
+        self.sent += 1;
+        match outcome {
+            Ok(r) => {
+                *self.statuses.entry(r.status).or_default() += 1;
+                let _ = self.latency_us.record((elapsed.as_micros() as u64).max(1));
+            }
+            Err(_) => self.errors += 1,
+        }
+    }
+
+    /// Percentile in milliseconds.
+    pub fn ms(&self, q: f64) -> f64 {
+        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.statuses.get(&200).copied().unwrap_or(0)
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "n={} ok={} errors={} statuses={:?} p50={:.1}ms p90={:.1}ms p99={:.1}ms p999={:.1}ms max={:.1}ms in {:.1}s",
+            self.sent,
+            self.ok(),
+            self.errors,
+            self.statuses,
+            self.ms(0.5),
+            self.ms(0.9),
+            self.ms(0.99),
+            self.ms(0.999),
+            self.latency_us.max() as f64 / 1000.0,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+/// Open loop: `total` requests at `rate` per second, each sent on schedule
+/// whatever the previous ones are doing (a slow response does not slow the
+/// sender, so queueing shows up in the latencies). Each request is timed
+/// from its scheduled start.
+pub async fn open_loop(
+    client: &Client,
+    url: &str,
+    rate: f64,
+    total: u64,
+    timeout: Duration,
+) -> LoadResult {
+    let result = Arc::new(Mutex::new(LoadResult::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let (client, url, result) = (client.clone(), url.to_string(), result.clone());
+        tasks.push(tokio::spawn(async move {
+            let outcome =
+                match tokio::time::timeout(timeout, request(&client, "GET", &url, &[])).await {
+                    Ok(r) => r,
+                    Err(_) => Err("timeout".into()),
+                };
+            let elapsed = due.elapsed();
+            result.lock().unwrap().record(&outcome, elapsed);
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut r = Arc::try_unwrap(result)
+        .ok()
+        .map(|m| m.into_inner().unwrap())
+        .unwrap_or_else(LoadResult::new);
+    r.elapsed = start.elapsed();
+    r
+}
+
+/// Closed loop: `callers` concurrent callers send `total` requests, each
+/// caller waiting for its previous answer.
+pub async fn closed_loop(
+    client: &Client,
+    url: &str,
+    callers: u64,
+    total: u64,
+    timeout: Duration,
+) -> LoadResult {
+    let result = Arc::new(Mutex::new(LoadResult::new()));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (client, url, result, next) = (
+            client.clone(),
+            url.to_string(),
+            result.clone(),
+            next.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < total {
+                let t0 = Instant::now();
+                let outcome =
+                    match tokio::time::timeout(timeout, request(&client, "GET", &url, &[])).await {
+                        Ok(r) => r,
+                        Err(_) => Err("timeout".into()),
+                    };
+                result.lock().unwrap().record(&outcome, t0.elapsed());
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut r = Arc::try_unwrap(result)
+        .ok()
+        .map(|m| m.into_inner().unwrap())
+        .unwrap_or_else(LoadResult::new);
+    r.elapsed = start.elapsed();
+    r
+}

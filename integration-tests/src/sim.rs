@@ -1,0 +1,424 @@
+//! Upstream simulator: several HTTP hosts on 127.0.0.1, each with a latency
+//! model, counting what arrives, completes and is cancelled.
+//!
+//! Per-request controls (request headers, for deterministic tests):
+//! - `x-sim-delay-ms: N`: answer after N ms (every attempt).
+//! - `x-sim-first-delay-ms: N`: the FIRST attempt of this request (same
+//!   `x-request-id`, which Envoy keeps across retries and hedges) waits N ms;
+//!   later attempts use `x-sim-delay-ms` or the host's model.
+//! Without them a request follows its host's [`Latency`] model, which can be
+//! changed while running (`set_model`, or the control endpoint).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::Rng;
+use rand_distr::{Distribution, LogNormal};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// How long a host takes to answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Latency {
+    Fixed(Duration),
+    /// Lognormal base (mean, sd in ms); with probability `straggler_prob` a
+    /// request takes `straggler_mult` times its base.
+    LogNormal {
+        mean_ms: f64,
+        sd_ms: f64,
+        straggler_prob: f64,
+        straggler_mult: f64,
+    },
+}
+
+impl Latency {
+    /// The reference workload of shared/ANCHORS.md: lognormal mean 5 ms,
+    /// sd 2 ms, 5% stragglers at 10x.
+    pub fn reference() -> Self {
+        Latency::LogNormal {
+            mean_ms: 5.0,
+            sd_ms: 2.0,
+            straggler_prob: 0.05,
+            straggler_mult: 10.0,
+        }
+    }
+
+    pub fn fixed_ms(ms: u64) -> Self {
+        Latency::Fixed(Duration::from_millis(ms))
+    }
+
+    pub fn sample(&self, rng: &mut impl Rng) -> Duration {
+        match *self {
+            Latency::Fixed(d) => d,
+            Latency::LogNormal {
+                mean_ms,
+                sd_ms,
+                straggler_prob,
+                straggler_mult,
+            } => {
+                let sigma2 = (1.0 + (sd_ms * sd_ms) / (mean_ms * mean_ms)).ln();
+                let mu = mean_ms.ln() - sigma2 / 2.0;
+                let base = LogNormal::new(mu, sigma2.sqrt())
+                    .map(|d| d.sample(rng))
+                    .unwrap_or(mean_ms);
+                let ms = if rng.gen::<f64>() < straggler_prob {
+                    base * straggler_mult
+                } else {
+                    base
+                };
+                Duration::from_secs_f64(ms / 1000.0)
+            }
+        }
+    }
+}
+
+/// What one host saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCounts {
+    pub arrivals: u64,
+    pub completions: u64,
+    /// The client (Envoy) went away before the response was sent: a hedge loser.
+    pub cancellations: u64,
+}
+
+#[derive(Default)]
+struct HostStats {
+    arrivals: AtomicU64,
+    completions: AtomicU64,
+    cancellations: AtomicU64,
+}
+
+struct Host {
+    index: usize,
+    model: Mutex<Latency>,
+    stats: HostStats,
+}
+
+struct Shared {
+    hosts: Vec<Arc<Host>>,
+    /// Attempts seen per x-request-id (to tell a first attempt from a hedge).
+    attempts: Mutex<HashMap<String, u32>>,
+}
+
+pub struct Simulator {
+    shared: Arc<Shared>,
+    ports: Vec<u16>,
+    control_port: u16,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Simulator {
+    /// Starts one host per model on free loopback ports, plus a control port.
+    pub fn start(models: Vec<Latency>) -> std::io::Result<Simulator> {
+        let hosts: Vec<Arc<Host>> = models
+            .into_iter()
+            .enumerate()
+            .map(|(index, model)| {
+                Arc::new(Host {
+                    index,
+                    model: Mutex::new(model),
+                    stats: HostStats::default(),
+                })
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            hosts,
+            attempts: Mutex::new(HashMap::new()),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .thread_name("upstream-sim")
+            .build()?;
+        let mut listeners = Vec::new();
+        let mut ports = Vec::new();
+        for _ in &shared.hosts {
+            let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            std_listener.set_nonblocking(true)?;
+            ports.push(std_listener.local_addr()?.port());
+            listeners.push(std_listener);
+        }
+        let control = std::net::TcpListener::bind("127.0.0.1:0")?;
+        control.set_nonblocking(true)?;
+        let control_port = control.local_addr()?.port();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let task_shared = shared.clone();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                for (host, listener) in task_shared.hosts.iter().zip(listeners) {
+                    if let Ok(listener) = TcpListener::from_std(listener) {
+                        tokio::spawn(serve_host(listener, task_shared.clone(), host.clone()));
+                    }
+                }
+                if let Ok(control) = TcpListener::from_std(control) {
+                    tokio::spawn(serve_control(control, task_shared.clone()));
+                }
+                let _ = stop_rx.await;
+            });
+            runtime.shutdown_timeout(Duration::from_millis(100));
+        });
+        Ok(Simulator {
+            shared,
+            ports,
+            control_port,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    pub fn control_port(&self) -> u16 {
+        self.control_port
+    }
+
+    pub fn counts(&self) -> Vec<HostCounts> {
+        self.shared.hosts.iter().map(|h| counts_of(h)).collect()
+    }
+
+    pub fn total(&self) -> HostCounts {
+        self.counts()
+            .iter()
+            .fold(HostCounts::default(), |a, c| HostCounts {
+                arrivals: a.arrivals + c.arrivals,
+                completions: a.completions + c.completions,
+                cancellations: a.cancellations + c.cancellations,
+            })
+    }
+
+    pub fn set_model(&self, host: usize, model: Latency) {
+        if let Some(h) = self.shared.hosts.get(host) {
+            *h.model.lock().unwrap() = model;
+        }
+    }
+
+    pub fn set_all_models(&self, model: Latency) {
+        for i in 0..self.shared.hosts.len() {
+            self.set_model(i, model.clone());
+        }
+    }
+
+    /// Zeroes the counters (e.g. after a warm-up phase).
+    pub fn reset_counts(&self) {
+        for h in &self.shared.hosts {
+            h.stats.arrivals.store(0, Ordering::SeqCst);
+            h.stats.completions.store(0, Ordering::SeqCst);
+            h.stats.cancellations.store(0, Ordering::SeqCst);
+        }
+        self.shared.attempts.lock().unwrap().clear();
+    }
+
+    /// Waits until every arrival has completed or been cancelled (losers are
+    /// cancelled asynchronously), at most `timeout`.
+    pub fn settle(&self, timeout: Duration) -> HostCounts {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let t = self.total();
+            if t.arrivals == t.completions + t.cancellations || std::time::Instant::now() > deadline
+            {
+                return t;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn counts_of(h: &Host) -> HostCounts {
+    HostCounts {
+        arrivals: h.stats.arrivals.load(Ordering::SeqCst),
+        completions: h.stats.completions.load(Ordering::SeqCst),
+        cancellations: h.stats.cancellations.load(Ordering::SeqCst),
+    }
+}
+
+async fn serve_host(listener: TcpListener, shared: Arc<Shared>, host: Arc<Host>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (shared, host) = (shared.clone(), host.clone());
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req| handle(req, shared.clone(), host.clone()));
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Counts a cancellation if the response future is dropped before it finishes
+/// (hyper drops it when the client closes the connection or resets the stream).
+struct InFlight<'a> {
+    host: &'a Host,
+    done: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let counter = if self.done {
+            &self.host.stats.completions
+        } else {
+            &self.host.stats.cancellations
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn header_ms(req: &Request<Incoming>, name: &str) -> Option<u64> {
+    req.headers().get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    host: Arc<Host>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    host.stats.arrivals.fetch_add(1, Ordering::SeqCst);
+    let mut guard = InFlight {
+        host: &host,
+        done: false,
+    };
+    let attempt = match req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(id) => {
+            let mut attempts = shared.attempts.lock().unwrap();
+            let n = attempts.entry(id.to_string()).or_insert(0);
+            *n += 1;
+            *n
+        }
+        None => 1,
+    };
+    let delay = match (
+        attempt,
+        header_ms(&req, "x-sim-first-delay-ms"),
+        header_ms(&req, "x-sim-delay-ms"),
+    ) {
+        (1, Some(first), _) => Duration::from_millis(first),
+        (_, _, Some(ms)) => Duration::from_millis(ms),
+        _ => {
+            let model = host.model.lock().unwrap().clone();
+            model.sample(&mut rand::thread_rng())
+        }
+    };
+    tokio::time::sleep(delay).await;
+    // drain the request body (a hedged GET has none)
+    let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+    guard.done = true;
+    let body = format!("host={} attempt={attempt}\n", host.index);
+    let response = Response::builder()
+        .header("x-sim-host", host.index.to_string())
+        .header("x-sim-attempt", attempt.to_string())
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default();
+    Ok(response)
+}
+
+/// Control endpoint: `GET /stats` (JSON counts per host),
+/// `POST /model/<host>/fixed/<ms>`, `POST /model/<host>/lognormal/<mean>/<sd>/<p>/<mult>`
+/// (`<host>` may be `all`), `POST /reset`.
+async fn serve_control(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(control(&req, &shared)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    let parts: Vec<&str> = req.uri().path().trim_matches('/').split('/').collect();
+    let reply = |status: u16, body: String| {
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_default()
+    };
+    match parts.as_slice() {
+        ["stats"] => {
+            let hosts: Vec<serde_json::Value> = shared
+                .hosts
+                .iter()
+                .map(|h| {
+                    let c = counts_of(h);
+                    serde_json::json!({"host": h.index, "arrivals": c.arrivals, "completions": c.completions, "cancellations": c.cancellations})
+                })
+                .collect();
+            reply(200, serde_json::json!({ "hosts": hosts }).to_string())
+        }
+        ["reset"] => {
+            for h in &shared.hosts {
+                h.stats.arrivals.store(0, Ordering::SeqCst);
+                h.stats.completions.store(0, Ordering::SeqCst);
+                h.stats.cancellations.store(0, Ordering::SeqCst);
+            }
+            shared.attempts.lock().unwrap().clear();
+            reply(200, "reset\n".into())
+        }
+        ["model", host, rest @ ..] => {
+            let nums: Vec<f64> = rest.iter().skip(1).filter_map(|s| s.parse().ok()).collect();
+            let model = match (rest.first(), nums.as_slice()) {
+                (Some(&"fixed"), [ms]) => Latency::Fixed(Duration::from_secs_f64(ms / 1000.0)),
+                (Some(&"lognormal"), [mean_ms, sd_ms, straggler_prob, straggler_mult]) => {
+                    Latency::LogNormal {
+                        mean_ms: *mean_ms,
+                        sd_ms: *sd_ms,
+                        straggler_prob: *straggler_prob,
+                        straggler_mult: *straggler_mult,
+                    }
+                }
+                _ => return reply(400, "bad model\n".into()),
+            };
+            for h in shared
+                .hosts
+                .iter()
+                .filter(|h| *host == "all" || host.parse() == Ok(h.index))
+            {
+                *h.model.lock().unwrap() = model.clone();
+            }
+            reply(200, format!("{model:?}\n"))
+        }
+        _ => reply(404, "unknown\n".into()),
+    }
+}
+
+/// Address helper.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}

@@ -1,0 +1,175 @@
+//! The filter's core promises against real Envoy (2 workers), the real .wasm
+//! and a real upstream simulator.
+
+mod common;
+
+use std::time::Duration;
+
+use integration_tests::envoy::{Envoy, EnvoyOptions};
+use integration_tests::load::{self, request};
+use integration_tests::runtime;
+use integration_tests::sim::{Latency, Simulator};
+
+fn steady() -> Latency {
+    Latency::LogNormal {
+        mean_ms: 5.0,
+        sd_ms: 1.0,
+        straggler_prob: 0.0,
+        straggler_mult: 1.0,
+    }
+}
+
+/// After warm-up, a request whose first attempt the upstream holds for 1 s is
+/// answered by a hedge near the learned delay; the upstream saw exactly two
+/// attempts and the loser was cancelled.
+#[test]
+fn slow_first_attempt_is_raced_by_a_hedge() {
+    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 400, 4).await;
+        let delay = common::learned_delay_ms(&envoy, "backend");
+        assert!(
+            (4.0..=20.0).contains(&delay),
+            "learned p90 of a ~5 ms backend: {delay} ms"
+        );
+
+        sim.reset_counts();
+        let reply = request(
+            &client,
+            "GET",
+            &envoy.url("/slow"),
+            &[("x-sim-first-delay-ms", "1000")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.headers.get("x-sim-attempt").map(String::as_str),
+            Some("2"),
+            "the hedge should answer; {:?}; {}",
+            reply,
+            envoy.filter_stats("backend")
+        );
+        let elapsed_ms = reply.elapsed.as_secs_f64() * 1000.0;
+        assert!(
+            elapsed_ms >= delay,
+            "answered before the delay: {elapsed_ms} ms < {delay} ms"
+        );
+        assert!(
+            elapsed_ms < delay + 250.0,
+            "answered at {elapsed_ms} ms, delay {delay} ms"
+        );
+
+        let t = sim.settle(Duration::from_secs(3));
+        assert_eq!(t.arrivals, 2, "primary + one hedge: {t:?}");
+        assert_eq!(t.cancellations, 1, "the slow primary was cancelled: {t:?}");
+    });
+    assert!(envoy.filter_stat("hedges_sent_total", "backend") >= 1);
+    assert!(envoy.filter_stat("hedges_armed_total", "backend") >= 1);
+    envoy.assert_no_vm_failure();
+}
+
+/// A POST (or PUT, PATCH, DELETE) held the same way is never duplicated.
+#[test]
+fn non_idempotent_methods_are_never_duplicated() {
+    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 400, 4).await;
+        for method in ["POST", "PUT", "PATCH", "DELETE"] {
+            sim.reset_counts();
+            let reply = request(
+                &client,
+                method,
+                &envoy.url("/write"),
+                &[("x-sim-first-delay-ms", "400")],
+            )
+            .await
+            .unwrap();
+            assert_eq!(reply.status, 200, "{method}");
+            assert!(
+                reply.elapsed >= Duration::from_millis(400),
+                "{method} answered by a duplicate"
+            );
+            let t = sim.settle(Duration::from_secs(3));
+            assert_eq!(
+                t.arrivals, 1,
+                "{method} reached the upstream {} times",
+                t.arrivals
+            );
+        }
+        // and a GET held the same way on the same Envoy is hedged (the test can fail)
+        sim.reset_counts();
+        let reply = request(
+            &client,
+            "GET",
+            &envoy.url("/read"),
+            &[("x-sim-first-delay-ms", "400")],
+        )
+        .await
+        .unwrap();
+        assert!(reply.elapsed < Duration::from_millis(400));
+        assert_eq!(sim.settle(Duration::from_secs(3)).arrivals, 2);
+    });
+    envoy.assert_no_vm_failure();
+}
+
+const CLIENT_CONTROL_HEADERS: [(&str, &str); 5] = [
+    ("x-envoy-max-retries", "5"),
+    ("x-envoy-upstream-rq-per-try-timeout-ms", "20"),
+    ("x-envoy-hedge-on-per-try-timeout", "true"),
+    ("x-envoy-retry-on", "5xx,reset"),
+    ("x-envoy-retry-grpc-on", "unavailable"),
+];
+
+/// Sends one GET with the client's own hedge headers and a first attempt held
+/// 300 ms; returns how many attempts reached the upstream. `/b/` routes to a
+/// cluster with no samples, where the filter itself never arms.
+fn attempts_for_client_hedge_headers(plugin_config: &str) -> (u64, Envoy) {
+    let sim = Simulator::start(vec![steady(), steady(), steady(), steady()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(plugin_config)
+            .trust_loopback_clients(),
+    )
+    .unwrap();
+    let client = load::client();
+    let arrivals = runtime().block_on(async {
+        let mut headers = CLIENT_CONTROL_HEADERS.to_vec();
+        headers.push(("x-sim-first-delay-ms", "300"));
+        headers.push(("x-sim-delay-ms", "300"));
+        let reply = request(&client, "GET", &envoy.url("/b/x"), &headers)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 200);
+        sim.settle(Duration::from_secs(3)).arrivals
+    });
+    (arrivals, envoy)
+}
+
+/// A client cannot switch hedging on: its x-envoy-max-retries: 5 with hedge
+/// headers produces no extra attempt, even with Envoy treating it as internal.
+#[test]
+fn clients_cannot_force_hedging() {
+    let (arrivals, envoy) = attempts_for_client_hedge_headers("{}");
+    assert_eq!(
+        arrivals, 1,
+        "client-sent control headers multiplied the request"
+    );
+    envoy.assert_no_vm_failure();
+}
+
+/// The control: with trust_client_headers the same request does fan out, so
+/// the test above really exercises the stripping.
+#[test]
+fn trusted_client_headers_are_obeyed() {
+    let (arrivals, envoy) = attempts_for_client_hedge_headers(r#"{"trust_client_headers": true}"#);
+    assert!(
+        arrivals >= 3,
+        "Envoy should obey a trusted client's 5 retries: {arrivals} attempts"
+    );
+    envoy.assert_no_vm_failure();
+}
