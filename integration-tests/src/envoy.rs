@@ -17,16 +17,19 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// `$ENVOY`, else the project venv's `envoy`, else `envoy` on PATH.
+/// `$ENVOY`, else `envoy` on PATH, else the project venv's (`make setup`).
 pub fn envoy_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("ENVOY") {
+    if let Some(p) = std::env::var_os("ENVOY").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    let venv = repo_root().join(".venv/bin/envoy");
-    if venv.exists() {
-        return venv;
-    }
-    PathBuf::from("envoy")
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("envoy"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_default();
+    on_path.unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
 }
 
 /// `$ADAPTIVE_HEDGE_WASM`, else `build/adaptive_hedge.wasm` (`make build`).

@@ -6,6 +6,7 @@
 //! - `x-sim-first-delay-ms: N`: the FIRST attempt of this request (same
 //!   `x-request-id`, which Envoy keeps across retries and hedges) waits N ms;
 //!   later attempts use `x-sim-delay-ms` or the host's model.
+//!
 //! Without them a request follows its host's [`Latency`] model, which can be
 //! changed while running (`set_model`, or the control endpoint).
 

@@ -10,6 +10,12 @@ use integration_tests::load::{self, request};
 use integration_tests::runtime;
 use integration_tests::sim::{Latency, Simulator};
 
+/// These tests check the race, not the budget: at the default 10% the budget
+/// is often spent at the moment the probe arrives (on a noisy box the p90
+/// trigger hedges about as much as the budget allows), so they give it room.
+/// The budget has tests of its own.
+const ROOMY_BUDGET: &str = r#"{"budget_percent": 50}"#;
+
 fn steady() -> Latency {
     Latency::LogNormal {
         mean_ms: 5.0,
@@ -25,7 +31,9 @@ fn steady() -> Latency {
 #[test]
 fn slow_first_attempt_is_raced_by_a_hedge() {
     let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
-    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let envoy =
+        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
+            .unwrap();
     let client = load::client();
     runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
@@ -75,7 +83,9 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
 #[test]
 fn non_idempotent_methods_are_never_duplicated() {
     let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
-    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let envoy =
+        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
+            .unwrap();
     let client = load::client();
     runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
