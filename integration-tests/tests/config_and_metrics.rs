@@ -1,0 +1,146 @@
+//! Configuration errors and metrics, against real Envoy.
+
+mod common;
+
+use std::time::Duration;
+
+use integration_tests::envoy::{Envoy, EnvoyOptions};
+use integration_tests::load;
+use integration_tests::runtime;
+use integration_tests::sim::{Latency, Simulator};
+
+/// Each mistake makes Envoy refuse to start, and its log names the field.
+#[test]
+fn bad_configs_are_refused_and_the_log_names_the_field() {
+    let cases = [
+        (r#"{"percentile": 1.5}"#, r#"field "percentile" = 1.5"#),
+        (r#"{"budget_percnt": 10}"#, "budget_percnt"),
+        (
+            r#"{"min_delay": "50ms", "max_delay": "10ms"}"#,
+            r#"field "max_delay""#,
+        ),
+        (r#"{"window": "forever"}"#, r#"field "window""#),
+        (
+            r#"{"latency_signal": "trailers"}"#,
+            r#"field "latency_signal""#,
+        ),
+        (
+            r#"{"idempotent_methods": ["CONNECT"]}"#,
+            r#"field "idempotent_methods""#,
+        ),
+        (
+            r#"{"clusters": {"backend": {"max_hedges": 9}}}"#,
+            r#"field "clusters.backend.max_hedges""#,
+        ),
+        ("not json", "invalid plugin config"),
+    ];
+    for (config, field) in cases {
+        let err = match Envoy::start(
+            EnvoyOptions::new("envoy.yaml", &[1, 2, 3, 4]).plugin_config(config),
+        ) {
+            Ok(envoy) => panic!("Envoy started with {config}:\n{}", envoy.log()),
+            Err(e) => e,
+        };
+        assert!(
+            err.contains("exited"),
+            "{config}: Envoy should exit, not hang: {err}"
+        );
+        assert!(
+            err.contains(field),
+            "{config}: the log should name {field}:\n{err}"
+        );
+    }
+}
+
+/// The per-cluster metrics appear at /stats/prometheus with a `cluster`
+/// label and the right counts.
+#[test]
+fn metrics_have_a_cluster_label_and_the_right_counts() {
+    let model = Latency::fixed_ms(3);
+    let sim = Simulator::start(vec![
+        model.clone(),
+        model.clone(),
+        model.clone(),
+        Latency::fixed_ms(20),
+    ])
+    .unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 300, 4).await;
+        common::warm_up(&client, &envoy, "/b/", 120, 4).await;
+        // three requests whose first attempt is held: hedged
+        for _ in 0..3 {
+            let r = load::request(
+                &client,
+                "GET",
+                &envoy.url("/"),
+                &[("x-sim-first-delay-ms", "300")],
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                r.headers.get("x-sim-attempt").map(String::as_str),
+                Some("2"),
+                "{r:?}"
+            );
+        }
+        // POSTs: counted, never armed
+        for _ in 0..7 {
+            let r = load::request(&client, "POST", &envoy.url("/b/"), &[])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    });
+    let (status, prom) = envoy.admin("/stats/prometheus").unwrap();
+    assert_eq!(status, 200);
+    let value = |metric: &str, cluster: &str| -> f64 {
+        let prefix = format!("{metric}{{cluster=\"{cluster}\"}} ");
+        prom.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{prefix} missing from /stats/prometheus:\n{prom}"))
+    };
+    assert_eq!(value("adaptive_hedge_requests_total", "backend"), 303.0);
+    assert_eq!(value("adaptive_hedge_requests_total", "backend-b"), 127.0);
+    // backend-b: 100 warming up + 7 POSTs were not eligible
+    assert!(value("adaptive_hedge_ineligible_total", "backend-b") >= 107.0);
+    assert_eq!(value("adaptive_hedge_window_samples", "backend"), 303.0);
+    let armed = value("adaptive_hedge_hedges_armed_total", "backend");
+    let exhausted = value("adaptive_hedge_budget_exhausted_total", "backend");
+    let ineligible = value("adaptive_hedge_ineligible_total", "backend");
+    assert_eq!(
+        armed + exhausted + ineligible,
+        303.0,
+        "every request is armed, refused or ineligible"
+    );
+    // hedges sent = extra attempts Envoy started; a hedge cancelled while its
+    // connection was still being set up (the primary won first) never reaches
+    // the upstream, so the upstream may see a few less, never more
+    let sent = value("adaptive_hedge_hedges_sent_total", "backend")
+        + value("adaptive_hedge_hedges_sent_total", "backend-b");
+    let t = sim.settle(Duration::from_secs(3));
+    let extra_arrivals = t.arrivals as f64 - 430.0;
+    assert!(sent >= 3.0, "the three held requests were hedged: {sent}");
+    assert!(
+        extra_arrivals <= sent,
+        "upstream saw {extra_arrivals} extra attempts, filter counted {sent}: {t:?}"
+    );
+    assert!(
+        extra_arrivals >= sent - (sent / 5.0).max(3.0),
+        "upstream saw {extra_arrivals}, filter counted {sent}: {t:?}"
+    );
+    // the learned delays: ~3 ms and ~20 ms
+    let fast = value("adaptive_hedge_hedge_delay_us", "backend") / 1000.0;
+    let slow = value("adaptive_hedge_hedge_delay_us", "backend-b") / 1000.0;
+    assert!((3.0..15.0).contains(&fast), "backend delay {fast} ms");
+    assert!((20.0..40.0).contains(&slow), "backend-b delay {slow} ms");
+    // the worker-wide counters too
+    assert!(
+        prom.contains("adaptive_hedge_shared_state_resets_total"),
+        "{prom}"
+    );
+    envoy.assert_no_vm_failure();
+}
