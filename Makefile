@@ -38,7 +38,7 @@ unit-test:
 e2e-test: build
 	@test -x "$(ENVOY)" || { echo "no Envoy at $(ENVOY): run 'make setup' or set ENVOY"; exit 1; }
 	@echo "using $$($(ENVOY) --version | tail -1)"
-	cargo test -p integration-tests -- --test-threads=1
+	cargo test -p integration-tests --profile e2e -- --test-threads=1
 
 lint:
 	cargo fmt --all -- --check

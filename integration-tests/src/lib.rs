@@ -6,6 +6,7 @@
 pub mod envoy;
 pub mod load;
 pub mod sim;
+pub mod timer;
 
 /// A small multi-thread runtime for a test's client side.
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -204,3 +204,62 @@ pub async fn closed_loop(
     r.elapsed = start.elapsed();
     r
 }
+
+/// Exactly one HTTP/1.1 connection (requests go one after the other on it):
+/// for tests that need to know which Envoy worker serves them.
+pub struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    port: u16,
+}
+
+impl Connection {
+    pub async fn open(port: u16) -> Result<Connection, String> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok(Connection { sender, port })
+    }
+
+    pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+        let mut builder = hyper::Request::builder()
+            .uri(path)
+            .header("host", format!("127.0.0.1:{}", self.port));
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let req = builder
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let start = Instant::now();
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).to_string(),
+            elapsed: start.elapsed(),
+        })
+    }
+}

@@ -329,12 +329,19 @@ async fn handle(
             model.sample(&mut rand::thread_rng())
         }
     };
-    tokio::time::sleep(delay).await;
+    // Envoy tells the upstream its timeout: with a per-try timeout armed, that
+    // is the hedge delay. Echoed so tests can see what each worker armed.
+    let expected_timeout = req.headers().get("x-envoy-expected-rq-timeout-ms").cloned();
+    crate::timer::sleep(delay).await;
     // drain the request body (a hedged GET has none)
     let _ = http_body_util::BodyExt::collect(req.into_body()).await;
     guard.done = true;
     let body = format!("host={} attempt={attempt}\n", host.index);
-    let response = Response::builder()
+    let mut response = Response::builder();
+    if let Some(t) = expected_timeout {
+        response = response.header("x-sim-expected-timeout-ms", t);
+    }
+    let response = response
         .header("x-sim-host", host.index.to_string())
         .header("x-sim-attempt", attempt.to_string())
         .body(Full::new(Bytes::from(body)))

@@ -110,6 +110,8 @@ pub struct Config {
     pub trust_client_headers: bool,
     /// Clusters tracked at most; past it new clusters pass through unhedged.
     pub max_clusters: usize,
+    /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
+    pub debug_header: bool,
     /// Things that are allowed but worth a line in the log.
     pub warnings: Vec<String>,
 }
@@ -124,6 +126,7 @@ impl Default for Config {
             latency_signal: LatencySignal::Headers,
             trust_client_headers: false,
             max_clusters: 1000,
+            debug_header: false,
             warnings: Vec::new(),
         }
     }
@@ -201,6 +204,7 @@ struct RawConfig {
     latency_signal: Option<LatencySignal>,
     trust_client_headers: Option<bool>,
     max_clusters: Option<usize>,
+    debug_header: Option<bool>,
     clusters: Option<BTreeMap<String, RawPolicy>>,
 }
 
@@ -295,6 +299,9 @@ impl Config {
             }
             config.max_clusters = max;
         }
+        if let Some(debug) = raw.debug_header {
+            config.debug_header = debug;
+        }
         for (name, raw_override) in raw.clusters.iter().flatten() {
             if name.is_empty() {
                 return Err(error("clusters", "\"\"", "cluster names must not be empty"));
@@ -340,6 +347,7 @@ impl Config {
                 self.trust_client_headers.into(),
             );
             map.insert("max_clusters".into(), self.max_clusters.into());
+            map.insert("debug_header".into(), self.debug_header.into());
             map.insert(
                 "clusters".into(),
                 serde_json::to_value(clusters).unwrap_or_default(),
@@ -601,6 +609,7 @@ mod tests {
             (r#"{"latency_signal": "trailers"}"#, "latency_signal"),
             (r#"{"trust_client_headers": "yes"}"#, "trust_client_headers"),
             (r#"{"max_clusters": 0}"#, "max_clusters"),
+            (r#"{"debug_header": 1}"#, "debug_header"),
             (
                 r#"{"clusters": {"a": {"percentile": 2}}}"#,
                 "clusters.a.percentile",

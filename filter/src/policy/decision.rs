@@ -76,6 +76,34 @@ pub enum Skip {
     BudgetExhausted,
 }
 
+impl Skip {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::NoCluster => "no_cluster",
+            Skip::Untracked => "untracked",
+            Skip::Disabled => "disabled",
+            Skip::Method => "method",
+            Skip::WarmingUp => "warming_up",
+            Skip::ClientControlled => "client_controlled",
+            Skip::BudgetExhausted => "budget_exhausted",
+        }
+    }
+}
+
+impl Decision {
+    /// The `x-adaptive-hedge` debug header value: `armed; delay_ms=7; hedges=1`
+    /// or `skipped; reason=warming_up`.
+    pub fn describe(&self) -> String {
+        match self {
+            Decision::Arm(h) => format!(
+                "armed; delay_ms={}; hedges={}",
+                h.per_try_timeout_ms, h.hedges
+            ),
+            Decision::Skip(s) => format!("skipped; reason={}", s.as_str()),
+        }
+    }
+}
+
 /// Decides one request. Reserves budget tokens when it arms.
 pub fn decide(
     policy: &ClusterPolicy,
@@ -199,6 +227,22 @@ mod tests {
         assert_eq!(
             decide(&off, delay, b"GET", &mut b),
             Decision::Skip(Skip::Disabled)
+        );
+    }
+
+    #[test]
+    fn debug_header_values() {
+        assert_eq!(
+            Decision::Arm(Hedge {
+                per_try_timeout_ms: 7,
+                hedges: 1
+            })
+            .describe(),
+            "armed; delay_ms=7; hedges=1"
+        );
+        assert_eq!(
+            Decision::Skip(Skip::WarmingUp).describe(),
+            "skipped; reason=warming_up"
         );
     }
 

@@ -15,6 +15,7 @@ const NOT_FOUND: u32 = 1;
 const CAS_MISMATCH: u32 = 8;
 
 const MAP_REQUEST_HEADERS: u32 = 0;
+const MAP_RESPONSE_HEADERS: u32 = 2;
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
 /// A host call answered with a status other than Ok (its numeric code).
@@ -158,15 +159,18 @@ pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
 
 /// Sets (replacing every existing value) a request header.
 pub fn set_request_header(name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    replace_header(MAP_REQUEST_HEADERS, name, value)
+}
+
+/// Sets (replacing every existing value) a response header.
+pub fn set_response_header(name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    replace_header(MAP_RESPONSE_HEADERS, name, value)
+}
+
+fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), HostStatus> {
     // SAFETY: pointers and lengths of live slices.
     match unsafe {
-        proxy_replace_header_map_value(
-            MAP_REQUEST_HEADERS,
-            name.as_ptr(),
-            name.len(),
-            value.as_ptr(),
-            value.len(),
-        )
+        proxy_replace_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len())
     } {
         OK => Ok(()),
         status => Err(HostStatus(status)),

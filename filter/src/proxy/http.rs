@@ -11,7 +11,7 @@ use proxy_wasm::types::Action;
 
 use super::host;
 use crate::policy::config::LatencySignal;
-use crate::policy::decision::{Decision, Hedge};
+use crate::policy::decision::{Decision, Hedge, Skip};
 use crate::policy::worker::{ClusterId, Worker};
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
@@ -26,6 +26,8 @@ const HEDGE_ON_PER_TRY_TIMEOUT: &str = "x-envoy-hedge-on-per-try-timeout";
 const MAX_RETRIES: &str = "x-envoy-max-retries";
 const RETRY_ON: &str = "x-envoy-retry-on";
 const RETRY_GRPC_ON: &str = "x-envoy-retry-grpc-on";
+/// Response header with the filter's decision, when `debug_header` is on.
+const DEBUG_HEADER: &str = "x-adaptive-hedge";
 /// Every request header that can make Envoy send more than one attempt.
 const CONTROL_HEADERS: [&str; 5] = [
     PER_TRY_TIMEOUT,
@@ -39,6 +41,9 @@ pub struct HedgeHttp {
     worker: Option<Rc<RefCell<Worker>>>,
     signal: LatencySignal,
     trust_client_headers: bool,
+    debug_header: bool,
+    /// Kept only for the debug header.
+    decision: Option<Decision>,
     cluster: Option<ClusterId>,
     started_ns: u64,
     /// Hedges paid for when armed; settled when the stream ends.
@@ -48,18 +53,23 @@ pub struct HedgeHttp {
 
 impl HedgeHttp {
     pub fn new(worker: Option<Rc<RefCell<Worker>>>) -> Self {
-        let (signal, trust_client_headers) = worker
+        let (signal, trust_client_headers, debug_header) = worker
             .as_ref()
             .and_then(|w| {
-                w.try_borrow()
-                    .ok()
-                    .map(|w| (w.config.latency_signal, w.config.trust_client_headers))
+                let w = w.try_borrow().ok()?;
+                Some((
+                    w.config.latency_signal,
+                    w.config.trust_client_headers,
+                    w.config.debug_header,
+                ))
             })
-            .unwrap_or((LatencySignal::Headers, false));
+            .unwrap_or((LatencySignal::Headers, false, false));
         HedgeHttp {
             worker,
             signal,
             trust_client_headers,
+            debug_header,
+            decision: None,
             cluster: None,
             started_ns: 0,
             reserved: 0,
@@ -142,6 +152,7 @@ impl HttpContext for HedgeHttp {
             if let Ok(mut w) = worker.try_borrow_mut() {
                 w.on_client_controlled(cluster.as_deref());
             }
+            self.decision = Some(Decision::Skip(Skip::ClientControlled));
             return Action::Continue;
         }
         let method = host::request_header(":method")
@@ -154,6 +165,9 @@ impl HttpContext for HedgeHttp {
         };
         let (id, decision) = w.on_request(cluster.as_deref(), &method);
         self.cluster = id;
+        if self.debug_header {
+            self.decision = Some(decision);
+        }
         match (decision, id) {
             (Decision::Arm(hedge), Some(id)) => {
                 let retry_on = w.cluster(id).map_or("5xx", |c| c.policy.retry_on.as_str());
@@ -169,6 +183,9 @@ impl HttpContext for HedgeHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if let (true, Some(decision)) = (self.debug_header, self.decision) {
+            let _ = host::set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
+        }
         if self.signal == LatencySignal::Headers || end_of_stream {
             self.sample();
         }

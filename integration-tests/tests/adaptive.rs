@@ -1,0 +1,265 @@
+//! Adaptive behaviour against real Envoy: where hedges go, per-cluster
+//! delays, the budget under an outage, workers learning together.
+
+mod common;
+
+use std::time::Duration;
+
+use integration_tests::envoy::{Envoy, EnvoyOptions};
+use integration_tests::load::{self, request};
+use integration_tests::runtime;
+use integration_tests::sim::{Latency, Simulator};
+
+fn lognormal(mean_ms: f64, sd_ms: f64) -> Latency {
+    Latency::LogNormal {
+        mean_ms,
+        sd_ms,
+        straggler_prob: 0.0,
+        straggler_mult: 1.0,
+    }
+}
+
+/// The hedge goes to a different host than the primary (previous_hosts).
+#[test]
+fn hedge_goes_to_another_host() {
+    let m = lognormal(3.0, 0.5);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"budget_percent": 50}"#),
+    )
+    .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 300, 4).await;
+        for i in 0..10 {
+            sim.reset_counts();
+            let r = request(
+                &client,
+                "GET",
+                &envoy.url("/"),
+                &[("x-sim-first-delay-ms", "500")],
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                r.headers.get("x-sim-attempt").map(String::as_str),
+                Some("2"),
+                "request {i}: {r:?}"
+            );
+            let counts = sim.settle(Duration::from_secs(3));
+            assert_eq!(counts.arrivals, 2);
+            let primary = sim
+                .counts()
+                .iter()
+                .position(|c| c.cancellations == 1)
+                .expect("the held primary was cancelled");
+            let winner: usize = r.headers["x-sim-host"].parse().unwrap();
+            assert_ne!(
+                primary, winner,
+                "request {i}: the hedge went to the primary's host"
+            );
+        }
+    });
+    envoy.assert_no_vm_failure();
+}
+
+/// Two clusters, ~2 ms and ~50 ms: their learned delays differ by at least
+/// 10x and each tracks its own p90.
+#[test]
+fn each_cluster_learns_its_own_delay() {
+    let fast = lognormal(2.0, 0.5);
+    let sim = Simulator::start(vec![
+        fast.clone(),
+        fast.clone(),
+        fast,
+        lognormal(50.0, 10.0),
+    ])
+    .unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    let client = load::client();
+    let (fast_run, slow_run) = runtime().block_on(async {
+        let (fast_url, slow_url) = (envoy.url("/"), envoy.url("/b/"));
+        // one after the other, few callers: a 2 ms backend stays ~2 ms on 2 cores
+        let f = load::closed_loop(&client, &fast_url, 2, 1500, Duration::from_secs(5)).await;
+        let s = load::closed_loop(&client, &slow_url, 8, 400, Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        (f, s)
+    });
+    assert_eq!(fast_run.ok(), 1500, "{}", fast_run.summary());
+    assert_eq!(slow_run.ok(), 400, "{}", slow_run.summary());
+    let d_fast = common::learned_delay_ms(&envoy, "backend");
+    let d_slow = common::learned_delay_ms(&envoy, "backend-b");
+    assert!(
+        d_slow >= 10.0 * d_fast,
+        "delays {d_fast} ms and {d_slow} ms are not 10x apart; clients saw {} / {}",
+        fast_run.summary(),
+        slow_run.summary()
+    );
+    // each close to the p90 its clients saw (the filter times from the same
+    // request headers the client's latency includes; loopback noise aside)
+    for (name, delay, run) in [
+        ("backend", d_fast, &fast_run),
+        ("backend-b", d_slow, &slow_run),
+    ] {
+        let p90 = run.ms(0.9);
+        assert!(
+            delay >= 0.6 * p90 && delay <= 1.4 * p90 + 1.0,
+            "{name}: learned {delay} ms, clients saw p90 {p90} ms ({})",
+            run.summary()
+        );
+    }
+    // backend-b's p90 of lognormal(50, 10) is about 63 ms
+    assert!((50.0..90.0).contains(&d_slow), "{d_slow}");
+    envoy.assert_no_vm_failure();
+}
+
+/// An outage: every request is slower than the delay (pinned by max_delay)
+/// for the whole run. Extra upstream attempts stay within the budget + 1 point.
+#[test]
+fn outage_extra_load_stays_within_budget() {
+    let sim = Simulator::start(vec![
+        lognormal(2.0, 0.3),
+        lognormal(2.0, 0.3),
+        lognormal(2.0, 0.3),
+    ])
+    .unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"max_delay": "5ms"}"#),
+    )
+    .unwrap();
+    let client = load::client();
+    let requests = 4000u64;
+    let run = runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 300, 4).await;
+        sim.reset_counts();
+        sim.set_all_models(Latency::fixed_ms(40));
+        load::open_loop(
+            &client,
+            &envoy.url("/"),
+            400.0,
+            requests,
+            Duration::from_secs(10),
+        )
+        .await
+    });
+    assert_eq!(run.ok(), requests, "{}", run.summary());
+    let t = sim.settle(Duration::from_secs(5));
+    let extra = t.arrivals as f64 / requests as f64 - 1.0;
+    println!(
+        "outage: {} requests, {} upstream attempts, extra load {:.1}%",
+        requests,
+        t.arrivals,
+        extra * 100.0
+    );
+    assert!(
+        extra <= 0.11,
+        "extra load {:.1}% > budget 10% + 1 point ({t:?})",
+        extra * 100.0
+    );
+    // and the budget was used: the outage was hedged up to it
+    assert!(
+        extra >= 0.07,
+        "extra load {:.1}%: the budget was not used",
+        extra * 100.0
+    );
+    assert!(envoy.filter_stat("budget_exhausted_total", "backend") > 1000);
+    envoy.assert_no_vm_failure();
+}
+
+/// Workers learn together: warm-up needs min_samples in total (not per
+/// worker), and both workers arm the same delay.
+#[test]
+fn two_workers_learn_together() {
+    let m = lognormal(4.0, 1.0);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    // exact_balance: two connections land on the two different workers
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"min_samples": 100, "budget_percent": 50, "debug_header": true}"#)
+            .edit(
+                "    - name: ingress\n",
+                "    - name: ingress\n      connection_balance_config: { exact_balance: {} }\n",
+            ),
+    )
+    .unwrap();
+    runtime().block_on(async {
+        // two connections: exact_balance puts them on the two workers
+        let mut a = load::Connection::open(envoy.listener_port).await.unwrap();
+        let mut b = load::Connection::open(envoy.listener_port).await.unwrap();
+        // debug_header: "armed; delay_ms=7; hedges=1" or "skipped; reason=..."
+        let decision = |r: load::Reply| {
+            r.headers
+                .get("x-adaptive-hedge")
+                .cloned()
+                .unwrap_or_default()
+        };
+        for _ in 0..60 {
+            a.get("/", &[]).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // 60 samples: not enough on either worker
+        assert_eq!(
+            decision(a.get("/", &[]).await.unwrap()),
+            "skipped; reason=warming_up"
+        );
+        assert_eq!(
+            decision(b.get("/", &[]).await.unwrap()),
+            "skipped; reason=warming_up"
+        );
+        for _ in 0..60 {
+            b.get("/", &[]).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // 61 + 61 samples, each worker below min_samples alone: both arm, with the same delay
+        let (da, db) = (
+            decision(a.get("/", &[]).await.unwrap()),
+            decision(b.get("/", &[]).await.unwrap()),
+        );
+        let delay = |d: &str| -> f64 {
+            let ms = d
+                .strip_prefix("armed; delay_ms=")
+                .and_then(|v| v.split(';').next());
+            ms.and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("not armed: {d:?}; {}", envoy.filter_stats("backend")))
+        };
+        let (da, db) = (delay(&da), delay(&db));
+        assert!(
+            (da - db).abs() <= 0.02 * da.max(db),
+            "worker delays {da} ms and {db} ms differ"
+        );
+    });
+    // the two connections really were on two workers
+    let stats = envoy.stats();
+    let per_worker: Vec<i64> = (0..2)
+        .map(|w| {
+            stats
+                .iter()
+                .filter(|(k, _)| {
+                    k.starts_with("listener.127.0.0.1_")
+                        && k.ends_with(&format!("worker_{w}.downstream_cx_total"))
+                })
+                .map(|(_, v)| *v)
+                .sum()
+        })
+        .collect();
+    assert_eq!(per_worker, vec![1, 1], "connections per worker");
+    envoy.assert_no_vm_failure();
+}
+
+/// `envoy --mode validate` accepts every config under envoy-configs/.
+#[test]
+fn every_shipped_config_validates() {
+    let dir = integration_tests::envoy::repo_root().join("envoy-configs");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        if !name.ends_with(".yaml") {
+            continue;
+        }
+        let (ok, output) =
+            Envoy::validate(EnvoyOptions::new(&name, &[8081, 8082, 8083, 8084])).unwrap();
+        assert!(ok, "{name} does not validate:\n{output}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} configs found");
+}
