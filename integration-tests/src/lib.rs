@@ -5,6 +5,7 @@
 
 pub mod envoy;
 pub mod load;
+pub mod scenario;
 pub mod sim;
 pub mod timer;
 

@@ -1,0 +1,104 @@
+//! `make demo`: the reference workload without and with adaptive-hedge, on
+//! loopback, with a table at the end. Every process it starts is stopped when
+//! it ends, also on Ctrl-C.
+
+use integration_tests::scenario::{self, Proxy, Workload};
+use integration_tests::sim::Latency;
+
+fn main() {
+    // Ctrl-C: Envoy children get the same SIGINT from the terminal; exiting
+    // here runs no destructors, so stop them explicitly via the handler.
+    let _ = ctrlc_stop();
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<f64>().ok());
+    let requests = env("DEMO_REQUESTS").map_or(10_000, |v| v as u64);
+    // Open loop at a modest rate by default: on a 2-core box, 20 closed-loop
+    // callers saturate the CPUs that the client, Envoy and the hosts share,
+    // and the numbers then measure queueing more than the backend's tail.
+    // DEMO_CALLERS=20 runs the closed-loop form of the reference workload.
+    let workload = match env("DEMO_CALLERS") {
+        Some(callers) => Workload::Closed {
+            callers: callers as u64,
+            requests,
+        },
+        None => Workload::Open {
+            rate: env("DEMO_RATE").unwrap_or(500.0),
+            requests,
+        },
+    };
+    let warmup = 2_000;
+    let models = vec![Latency::reference(); 3];
+    println!("adaptive-hedge demo");
+    println!("  3 simulated hosts on 127.0.0.1: lognormal latency (mean 5 ms, sd 2 ms), 5% stragglers at 10x");
+    println!("  workload: {workload:?}, after {warmup} warm-up requests");
+    println!(
+        "  Envoy {} with --concurrency 2\n",
+        integration_tests::envoy::envoy_binary().display()
+    );
+    let progress = |s: &str| println!("{s}");
+    let mut reports = Vec::new();
+    for (step, proxy) in [
+        Proxy::Baseline,
+        Proxy::Adaptive {
+            plugin_config: "{}".into(),
+        },
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!("[{}/2] {}", step + 1, proxy.name());
+        match scenario::run(proxy, &models, warmup, workload, &progress) {
+            Ok(mut report) => {
+                if let Some(envoy) = report.envoy.take() {
+                    envoy.assert_no_vm_failure();
+                    if std::env::var_os("DEMO_VERBOSE").is_some() {
+                        println!("  {}", envoy.filter_stats("backend"));
+                    }
+                }
+                println!("  {}", report.latency.summary());
+                reports.push(report);
+            }
+            Err(e) => {
+                eprintln!("demo failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    println!("\n{}", scenario::table(&reports));
+    if let [base, adaptive] = reports.as_slice() {
+        println!(
+            "p99 {:.1} ms -> {:.1} ms ({:.1}x lower) for {:.1}% extra upstream load",
+            base.latency.ms(0.99),
+            adaptive.latency.ms(0.99),
+            base.latency.ms(0.99) / adaptive.latency.ms(0.99),
+            adaptive.extra_load * 100.0
+        );
+    }
+}
+
+/// On SIGINT/SIGTERM, kill our process group's Envoy children and exit.
+fn ctrlc_stop() -> std::io::Result<()> {
+    std::thread::spawn(|| {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(_) => return,
+        };
+        rt.block_on(async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("\ninterrupted: stopping Envoy and the simulated hosts");
+            integration_tests::envoy::kill_all();
+            std::process::exit(130);
+        });
+    });
+    Ok(())
+}
