@@ -64,7 +64,11 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
         Latency::fixed_ms(20),
     ])
     .unwrap();
-    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports())).unwrap();
+    // a roomy budget so that the three held requests below are surely hedged
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"budget_percent": 50}"#),
+    )
+    .unwrap();
     let client = load::client();
     runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 300, 4).await;
