@@ -66,6 +66,9 @@ pub async fn request(
     })
 }
 
+/// Requests completed by every load run of this process (for progress lines).
+pub static COMPLETED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Latencies (µs) and outcomes of a load run.
 pub struct LoadResult {
     pub latency_us: Histogram<u64>,
@@ -87,6 +90,7 @@ impl LoadResult {
     }
 
     fn record(&mut self, outcome: &Result<Reply, String>, elapsed: Duration) {
+        COMPLETED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.sent += 1;
         match outcome {
             Ok(r) => {

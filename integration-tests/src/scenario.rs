@@ -75,7 +75,7 @@ pub fn run(
     models: &[Latency],
     warmup: u64,
     workload: Workload,
-    progress: &dyn Fn(&str),
+    progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Report, String> {
     let sim = Simulator::start(models.to_vec()).map_err(|e| e.to_string())?;
     let mut ports = sim.ports().to_vec();
@@ -104,7 +104,7 @@ pub fn run(
     sim.reset_counts();
     let hedges_before = hedge_count(proxy, &envoy);
     progress(&format!("  measuring: {workload:?}"));
-    let (latency, requests) = match workload {
+    let (latency, requests) = with_progress(progress, || match workload {
         Workload::Closed { callers, requests } => (
             rt.block_on(load::closed_loop(
                 &client,
@@ -125,7 +125,7 @@ pub fn run(
             )),
             requests,
         ),
-    };
+    });
     std::thread::sleep(Duration::from_millis(600)); // one more tick flushes the filter's counters
     let counts = sim.settle(Duration::from_secs(5));
     let hedges_sent = hedge_count(proxy, &envoy) - hedges_before;
@@ -178,4 +178,27 @@ pub fn table<'a>(reports: impl IntoIterator<Item = &'a Report>) -> String {
         ));
     }
     out
+}
+
+/// Runs `f`, reporting how many requests have completed every 5 s meanwhile.
+fn with_progress<T>(progress: &(dyn Fn(&str) + Sync), f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    let start = load::COMPLETED.load(Ordering::Relaxed);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut ticks = 0u32;
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                ticks += 1;
+                if ticks % 50 == 0 {
+                    let n = load::COMPLETED.load(Ordering::Relaxed) - start;
+                    progress(&format!("    ... {n} requests done"));
+                }
+            }
+        });
+        let out = f();
+        done.store(true, Ordering::Relaxed);
+        out
+    })
 }

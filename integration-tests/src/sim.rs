@@ -7,6 +7,10 @@
 //!   `x-request-id`, which Envoy keeps across retries and hedges) waits N ms;
 //!   later attempts use `x-sim-delay-ms` or the host's model.
 //!
+//! - `x-sim-stream: <chunks>`: streaming (SSE, LLM tokens): headers at once,
+//!   the first body chunk after the delay, then `<chunks> - 1` more chunks
+//!   every `x-sim-chunk-gap-ms` (10) ms. Completion = the last chunk sent.
+//!
 //! Without them a request follows its host's [`Latency`] model, which can be
 //! changed while running (`set_model`, or the control endpoint).
 
@@ -18,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -26,6 +32,7 @@ use rand::Rng;
 use rand_distr::{Distribution, LogNormal};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_stream::wrappers::ReceiverStream;
 
 /// How long a host takes to answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -272,14 +279,14 @@ async fn serve_host(listener: TcpListener, shared: Arc<Shared>, host: Arc<Host>)
     }
 }
 
-/// Counts a cancellation if the response future is dropped before it finishes
+/// Counts a cancellation if the response is dropped before it finishes
 /// (hyper drops it when the client closes the connection or resets the stream).
-struct InFlight<'a> {
-    host: &'a Host,
+struct InFlight {
+    host: Arc<Host>,
     done: bool,
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let counter = if self.done {
             &self.host.stats.completions
@@ -290,6 +297,12 @@ impl Drop for InFlight<'_> {
     }
 }
 
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(text: String) -> Body {
+    Full::new(Bytes::from(text)).boxed()
+}
+
 fn header_ms(req: &Request<Incoming>, name: &str) -> Option<u64> {
     req.headers().get(name)?.to_str().ok()?.trim().parse().ok()
 }
@@ -298,10 +311,10 @@ async fn handle(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     host: Arc<Host>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Body>, Infallible> {
     host.stats.arrivals.fetch_add(1, Ordering::SeqCst);
     let mut guard = InFlight {
-        host: &host,
+        host: host.clone(),
         done: false,
     };
     let attempt = match req
@@ -332,9 +345,13 @@ async fn handle(
     // Envoy tells the upstream its timeout: with a per-try timeout armed, that
     // is the hedge delay. Echoed so tests can see what each worker armed.
     let expected_timeout = req.headers().get("x-envoy-expected-rq-timeout-ms").cloned();
+    if let Some(chunks) = header_ms(&req, "x-sim-stream") {
+        let gap = Duration::from_millis(header_ms(&req, "x-sim-chunk-gap-ms").unwrap_or(10));
+        return Ok(stream_response(guard, attempt, delay, chunks.max(1), gap));
+    }
     crate::timer::sleep(delay).await;
     // drain the request body (a hedged GET has none)
-    let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+    let _ = req.into_body().collect().await;
     guard.done = true;
     let body = format!("host={} attempt={attempt}\n", host.index);
     let mut response = Response::builder();
@@ -344,9 +361,42 @@ async fn handle(
     let response = response
         .header("x-sim-host", host.index.to_string())
         .header("x-sim-attempt", attempt.to_string())
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_default();
+        .body(full(body))
+        .unwrap_or_else(|_| Response::new(full(String::new())));
     Ok(response)
+}
+
+/// Headers now; the first chunk after `first_byte`, then one every `gap`.
+fn stream_response(
+    guard: InFlight,
+    attempt: u32,
+    first_byte: Duration,
+    chunks: u64,
+    gap: Duration,
+) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    let index = guard.host.index;
+    tokio::spawn(async move {
+        // move the whole guard in (not just its field): its Drop does the counting
+        let mut guard = guard;
+        crate::timer::sleep(first_byte).await;
+        for i in 0..chunks {
+            if i > 0 {
+                crate::timer::sleep(gap).await;
+            }
+            let chunk = format!("data: host={index} attempt={attempt} chunk={i}\n\n");
+            if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+                return; // the client went away: guard counts a cancellation
+            }
+        }
+        guard.done = true;
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-sim-host", index.to_string())
+        .header("x-sim-attempt", attempt.to_string())
+        .body(StreamBody::new(ReceiverStream::new(rx)).boxed())
+        .unwrap_or_else(|_| Response::new(full(String::new())))
 }
 
 /// Control endpoint: `GET /stats` (JSON counts per host),
@@ -370,13 +420,13 @@ async fn serve_control(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Body> {
     let parts: Vec<&str> = req.uri().path().trim_matches('/').split('/').collect();
     let reply = |status: u16, body: String| {
         Response::builder()
             .status(status)
-            .body(Full::new(Bytes::from(body)))
-            .unwrap_or_default()
+            .body(full(body))
+            .unwrap_or_else(|_| Response::new(full(String::new())))
     };
     match parts.as_slice() {
         ["stats"] => {

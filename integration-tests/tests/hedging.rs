@@ -183,3 +183,37 @@ fn trusted_client_headers_are_obeyed() {
     );
     envoy.assert_no_vm_failure();
 }
+
+/// The documented limit: a streamed response whose headers come at once and
+/// whose first byte comes late is not hedged (Envoy's router commits to the
+/// first attempt whose headers arrive). The simulator's streaming mode works.
+#[test]
+fn streamed_responses_with_early_headers_are_not_hedged() {
+    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
+    let envoy =
+        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
+            .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 400, 4).await;
+        sim.reset_counts();
+        let headers = [
+            ("x-sim-stream", "3"),
+            ("x-sim-first-delay-ms", "300"),
+            ("x-sim-chunk-gap-ms", "5"),
+        ];
+        let reply = request(&client, "GET", &envoy.url("/stream"), &headers)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body.matches("data: ").count(), 3, "{}", reply.body);
+        assert!(reply.elapsed >= Duration::from_millis(300), "{reply:?}");
+        let t = sim.settle(Duration::from_secs(3));
+        assert_eq!(
+            (t.arrivals, t.completions, t.cancellations),
+            (1, 1, 0),
+            "{t:?}"
+        );
+    });
+    envoy.assert_no_vm_failure();
+}
