@@ -191,7 +191,7 @@ fn with_progress<T>(progress: &(dyn Fn(&str) + Sync), f: impl FnOnce() -> T) -> 
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
                 ticks += 1;
-                if ticks % 50 == 0 {
+                if ticks.is_multiple_of(50) {
                     let n = load::COMPLETED.load(Ordering::Relaxed) - start;
                     progress(&format!("    ... {n} requests done"));
                 }
