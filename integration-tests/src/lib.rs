@@ -8,6 +8,7 @@ pub mod load;
 pub mod scenario;
 pub mod sim;
 pub mod timer;
+pub mod virtual_time;
 
 /// A small multi-thread runtime for a test's client side.
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -24,13 +24,28 @@ pub struct HedgeDelay {
     pub per_try_timeout_ms: u64,
 }
 
-/// The delay to arm requests with, from the window's samples; `None` while
-/// the window holds fewer than `min_samples` (still warming up).
-pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch) -> Option<HedgeDelay> {
+/// The delay to arm requests with; `None` while the window holds fewer than
+/// `min_samples` (still warming up).
+///
+/// It is the larger of the quantile over the whole window and the quantile
+/// over its most recent slices (`recent`, once they hold `min_samples`
+/// themselves). Why the larger: when latency shifts up, the window's older,
+/// faster samples hold its quantile low for most of a window, so nearly
+/// every request outlives the delay, the budget runs dry on whichever come
+/// first, and the real stragglers go unhedged. The recent quantile follows
+/// the shift within a slice. When latency shifts down, the window forgets the
+/// slow samples in one window; meanwhile the delay errs high, which costs
+/// some tail but never extra load.
+pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch, recent: &Sketch) -> Option<HedgeDelay> {
     if window.count() < policy.min_samples {
         return None;
     }
-    let quantile_us = window.quantile(policy.percentile)?;
+    let mut quantile_us = window.quantile(policy.percentile)?;
+    if recent.count() >= policy.min_samples {
+        if let Some(recent_us) = recent.quantile(policy.percentile) {
+            quantile_us = quantile_us.max(recent_us);
+        }
+    }
     let min_us = policy.min_delay.as_micros() as f64;
     let max_us = policy.max_delay.as_micros() as f64;
     let delay_us = quantile_us.clamp(min_us, max_us).round() as u64;
@@ -156,7 +171,7 @@ mod tests {
             ..Default::default()
         };
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(&policy, &window_of(&values)).unwrap();
+        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
@@ -166,7 +181,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            hedge_delay(&tight, &window_of(&values))
+            hedge_delay(&tight, &window_of(&values), &Sketch::new())
                 .unwrap()
                 .per_try_timeout_ms,
             3
@@ -177,11 +192,42 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            hedge_delay(&floor, &window_of(&values))
+            hedge_delay(&floor, &window_of(&values), &Sketch::new())
                 .unwrap()
                 .per_try_timeout_ms,
             20
         );
+    }
+
+    #[test]
+    fn recent_slices_raise_the_delay_but_never_lower_it() {
+        let policy = ClusterPolicy {
+            min_samples: 50,
+            ..Default::default()
+        };
+        let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p90 9 ms
+        let slow: Vec<f64> = (1..=100).map(|i| i as f64 * 300.0).collect(); // p90 27 ms
+        let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
+        let mut window = window_of(&old);
+        window.merge(&window_of(&slow));
+        let up = hedge_delay(&policy, &window, &window_of(&slow))
+            .unwrap()
+            .delay_us as f64;
+        assert!(
+            (up / 27_000.0 - 1.0).abs() < 0.02,
+            "follows the shift up at once: {up}"
+        );
+        let mut window = window_of(&old);
+        window.merge(&window_of(&fast));
+        let down = hedge_delay(&policy, &window, &window_of(&fast))
+            .unwrap()
+            .delay_us as f64;
+        assert!(down > 8_000.0, "a shift down waits for the window: {down}");
+        // too few recent samples: ignored
+        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]))
+            .unwrap()
+            .delay_us as f64;
+        assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
     }
 
     #[test]
@@ -190,8 +236,11 @@ mod tests {
             min_samples: 100,
             ..Default::default()
         };
-        assert_eq!(hedge_delay(&policy, &window_of(&[1000.0; 99])), None);
-        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100])).is_some());
+        assert_eq!(
+            hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new()),
+            None
+        );
+        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new()).is_some());
         let mut b = funded();
         assert_eq!(
             decide(&policy, None, b"GET", &mut b),

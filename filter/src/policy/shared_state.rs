@@ -261,9 +261,9 @@ pub trait SharedStore {
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
 
-#[cfg(test)]
 pub mod memory {
-    //! An in-process [`SharedStore`] with Envoy's CAS semantics, for tests.
+    //! An in-process [`SharedStore`] with Envoy's CAS semantics, for tests and
+    //! the virtual-time simulation of the policy (never used in the filter).
     use super::*;
     use std::cell::RefCell;
     use std::collections::HashMap;

@@ -92,6 +92,18 @@ impl ClusterWindow {
         }
     }
 
+    /// The samples of the current and the previous `slices - 1` slices.
+    pub fn snapshot_recent(&self, now_ms: u64, slices: u64) -> Sketch {
+        let now_epoch = self.geometry.epoch(now_ms);
+        let mut recent = Sketch::new();
+        for slice in &self.slices {
+            if self.is_live(slice, now_epoch) && now_epoch - slice.epoch < slices {
+                recent.merge(&slice.sketch);
+            }
+        }
+        recent
+    }
+
     /// All samples of the window as one sketch.
     pub fn snapshot(&self, now_ms: u64) -> Sketch {
         let now_epoch = self.geometry.epoch(now_ms);
@@ -150,6 +162,17 @@ mod tests {
         w.expire(6_500);
         assert_eq!(w.slices.iter().filter(|s| !s.sketch.is_empty()).count(), 1);
         assert_eq!(w.snapshot(6_500).count(), 10);
+    }
+
+    #[test]
+    fn recent_is_the_newest_slices() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(30)));
+        w.merge(0, &batch(1000.0, 10));
+        w.merge(5_000, &batch(1000.0, 20));
+        w.merge(10_000, &batch(1000.0, 40));
+        assert_eq!(w.snapshot_recent(10_000, 2).count(), 60);
+        assert_eq!(w.snapshot_recent(10_000, 1).count(), 40);
+        assert_eq!(w.snapshot(10_000).count(), 70);
     }
 
     #[test]

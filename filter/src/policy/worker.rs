@@ -20,6 +20,9 @@ use super::window::WindowGeometry;
 /// the next tick (contention is between a handful of workers).
 const CAS_ATTEMPTS: u32 = 8;
 
+/// Slices that make up the "recent" quantile (see `decision::hedge_delay`).
+const RECENT_SLICES: u64 = 2;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
     Info,
@@ -409,7 +412,9 @@ impl Worker {
             }
             let window = shared.window.snapshot(now_ms);
             state.window_samples = window.count();
-            state.hedge_delay = hedge_delay(&state.policy, &window);
+            // the current slice and the one before: one to two slices of samples
+            let recent = shared.window.snapshot_recent(now_ms, RECENT_SLICES);
+            state.hedge_delay = hedge_delay(&state.policy, &window, &recent);
             return;
         }
     }
