@@ -25,13 +25,21 @@ fn hedge_goes_to_another_host() {
     let m = lognormal(3.0, 0.5);
     let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone()]).unwrap();
     let envoy = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"budget_percent": 50}"#),
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"budget_percent": 50, "debug_header": true}"#),
     )
     .unwrap();
     let client = load::client();
     runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 300, 4).await;
         for i in 0..10 {
+            // ordinary traffic in between earns the tokens each hedge spends
+            // (ten back-to-back hedges on one connection would drain one
+            // worker's budget, as designed)
+            for _ in 0..4 {
+                request(&client, "GET", &envoy.url("/"), &[]).await.unwrap();
+            }
+            sim.settle(Duration::from_secs(3));
             sim.reset_counts();
             let r = request(
                 &client,
