@@ -3,6 +3,8 @@
 #   make build   the filter: build/adaptive_hedge.wasm
 #   make test    unit tests + tests against the real Envoy binary
 #   make demo    the reference workload without and with the filter, as a table
+#   make bench   adaptive vs static vs none, under shifts and outages, and the filter's cost
+#                (BENCH_QUICK=1: a smoke run); writes results/
 #   make lint    rustfmt + clippy (native and wasm32), warnings are errors
 
 SHELL := /bin/bash
@@ -15,7 +17,7 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: setup build test unit-test e2e-test demo lint fmt clean
+.PHONY: setup build test unit-test e2e-test demo bench lint fmt clean
 
 setup:
 	rustup target add $(WASM_TARGET)
@@ -25,9 +27,10 @@ setup:
 	@$(VENV)/bin/envoy --version | grep -q "/$(ENVOY_VERSION)/" && echo "envoy $(ENVOY_VERSION) ready in $(VENV)"
 
 build:
-	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge
+	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter
 	@mkdir -p build
 	cp target/$(WASM_TARGET)/release/adaptive_hedge.wasm $(WASM)
+	cp target/$(WASM_TARGET)/release/noop_filter.wasm build/noop_filter.wasm
 	@ls -l $(WASM)
 
 test: build unit-test e2e-test
@@ -46,10 +49,18 @@ demo: setup build
 	cargo build --profile e2e -p integration-tests --bin demo
 	./target/e2e/demo
 
+# Full: about half an hour; BENCH_QUICK=1: a couple of minutes. Charts need
+# matplotlib (installed into the venv here).
+bench: setup build
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib
+	cargo build --profile e2e -p integration-tests --bin bench
+	./target/e2e/bench
+	$(VENV)/bin/python bench/plot.py results
+
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -p adaptive-hedge -p integration-tests -- -D warnings
-	cargo clippy --release --target $(WASM_TARGET) -p adaptive-hedge -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter -- -D warnings
 
 fmt:
 	cargo fmt --all

@@ -57,6 +57,10 @@ pub struct EnvoyOptions {
     pub concurrency: u32,
     /// Extra textual edits (from, to), each of which must match.
     pub edits: Vec<(String, String)>,
+    /// Load this module instead of `build/adaptive_hedge.wasm`.
+    pub wasm: Option<PathBuf>,
+    /// Pin Envoy to this CPU (cost measurements).
+    pub cpu: Option<usize>,
 }
 
 impl EnvoyOptions {
@@ -67,7 +71,19 @@ impl EnvoyOptions {
             upstream_ports: upstream_ports.to_vec(),
             concurrency: 2,
             edits: Vec::new(),
+            wasm: None,
+            cpu: None,
         }
+    }
+
+    pub fn wasm(mut self, path: PathBuf) -> Self {
+        self.wasm = Some(path);
+        self
+    }
+
+    pub fn pin_to_cpu(mut self, cpu: usize) -> Self {
+        self.cpu = Some(cpu);
+        self
     }
 
     pub fn plugin_config(mut self, json: &str) -> Self {
@@ -96,6 +112,37 @@ impl EnvoyOptions {
 }
 
 static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+trait PinCpu {
+    fn pre_exec_cpu(&mut self, cpu: Option<usize>) -> &mut Self;
+}
+
+impl PinCpu for Command {
+    /// Pins the child to one CPU (before exec, so Envoy's threads inherit it).
+    fn pre_exec_cpu(&mut self, cpu: Option<usize>) -> &mut Self {
+        use std::os::unix::process::CommandExt;
+        if let Some(cpu) = cpu {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                self.pre_exec(move || {
+                    pin_current_thread(cpu);
+                    Ok(())
+                });
+            }
+        }
+        self
+    }
+}
+
+/// Pins the calling thread (and the threads it starts afterwards) to one CPU.
+pub fn pin_current_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
 
 /// Pids of the Envoys this process started and has not stopped yet.
 static RUNNING: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
@@ -141,7 +188,12 @@ fn render(opts: &EnvoyOptions, admin: u16, listener: u16) -> Result<String, Stri
             &format!("port_value: {port} "),
         )?;
     }
-    let wasm = wasm_path().display().to_string();
+    let wasm = opts
+        .wasm
+        .clone()
+        .unwrap_or_else(wasm_path)
+        .display()
+        .to_string();
     let _ = replace("build/adaptive_hedge.wasm", &wasm); // configs without the filter have none
     if let Some(json) = &opts.plugin_config {
         let quoted = serde_json::to_string(json).map_err(|e| e.to_string())?;
@@ -156,7 +208,7 @@ fn render(opts: &EnvoyOptions, admin: u16, listener: u16) -> Result<String, Stri
 impl Envoy {
     /// Starts Envoy and waits for `/ready`. The error carries Envoy's log.
     pub fn start(opts: EnvoyOptions) -> Result<Envoy, String> {
-        if !wasm_path().exists() {
+        if opts.wasm.is_none() && !wasm_path().exists() {
             return Err(format!(
                 "{} is missing: run `make build`",
                 wasm_path().display()
@@ -186,6 +238,7 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
+            .pre_exec_cpu(opts.cpu)
             .spawn()
             .map_err(|e| {
                 format!(
@@ -330,6 +383,24 @@ impl Envoy {
             .collect();
         lines.sort();
         lines.join(" ")
+    }
+
+    /// CPU time (user + system) Envoy has used so far, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // fields after the ")" that ends the command name: utime is the 12th, stime the 13th
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        ticks / hz.max(1.0)
     }
 
     pub fn pid(&self) -> u32 {

@@ -78,8 +78,14 @@ pub struct LoadResult {
     pub elapsed: Duration,
 }
 
+impl Default for LoadResult {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl LoadResult {
-    fn new() -> Self {
+    pub fn new() -> Self {
         LoadResult {
             latency_us: Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds"),
             statuses: HashMap::new(),
@@ -99,6 +105,17 @@ impl LoadResult {
             }
             Err(_) => self.errors += 1,
         }
+    }
+
+    /// Adds another run's latencies and outcomes to this one.
+    pub fn merge(&mut self, other: &LoadResult) {
+        let _ = self.latency_us.add(&other.latency_us);
+        for (status, n) in &other.statuses {
+            *self.statuses.entry(*status).or_default() += n;
+        }
+        self.errors += other.errors;
+        self.sent += other.sent;
+        self.elapsed = self.elapsed.max(other.elapsed);
     }
 
     /// Percentile in milliseconds.
@@ -138,13 +155,33 @@ pub async fn open_loop(
     total: u64,
     timeout: Duration,
 ) -> LoadResult {
-    let result = Arc::new(Mutex::new(LoadResult::new()));
+    let mut results = open_loop_mixed(client, &[url.to_string()], rate, total, timeout).await;
+    results.pop().unwrap_or_else(LoadResult::new)
+}
+
+/// Open loop over several URLs in turn (request i goes to `urls[i % n]`),
+/// one result per URL, all timed from their scheduled start.
+pub async fn open_loop_mixed(
+    client: &Client,
+    urls: &[String],
+    rate: f64,
+    total: u64,
+    timeout: Duration,
+) -> Vec<LoadResult> {
+    let results: Vec<Arc<Mutex<LoadResult>>> = urls
+        .iter()
+        .map(|_| Arc::new(Mutex::new(LoadResult::new())))
+        .collect();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(due.into()).await;
-        let (client, url, result) = (client.clone(), url.to_string(), result.clone());
+        let k = (i as usize) % urls.len().max(1);
+        let (Some(url), Some(result)) = (urls.get(k), results.get(k)) else {
+            break;
+        };
+        let (client, url, result) = (client.clone(), url.clone(), result.clone());
         tasks.push(tokio::spawn(async move {
             let outcome =
                 match tokio::time::timeout(timeout, request(&client, "GET", &url, &[])).await {
@@ -158,12 +195,18 @@ pub async fn open_loop(
     for t in tasks {
         let _ = t.await;
     }
-    let mut r = Arc::try_unwrap(result)
-        .ok()
-        .map(|m| m.into_inner().unwrap())
-        .unwrap_or_else(LoadResult::new);
-    r.elapsed = start.elapsed();
-    r
+    let elapsed = start.elapsed();
+    results
+        .into_iter()
+        .map(|r| {
+            let mut r = Arc::try_unwrap(r)
+                .ok()
+                .map(|m| m.into_inner().unwrap())
+                .unwrap_or_default();
+            r.elapsed = elapsed;
+            r
+        })
+        .collect()
 }
 
 /// Closed loop: `callers` concurrent callers send `total` requests, each
@@ -204,7 +247,7 @@ pub async fn closed_loop(
     let mut r = Arc::try_unwrap(result)
         .ok()
         .map(|m| m.into_inner().unwrap())
-        .unwrap_or_else(LoadResult::new);
+        .unwrap_or_default();
     r.elapsed = start.elapsed();
     r
 }

@@ -1,16 +1,22 @@
 //! One measured run: simulated hosts, a proxy configuration, a warm-up, then a
 //! workload whose latencies (client side) and upstream attempts (simulator
-//! side) are reported. Used by the tail test, `make demo` and the benchmarks.
+//! side) are reported, with scheduled latency changes during the run and a
+//! timeline of the learned delay and hedge rate. Used by the tail test,
+//! `make demo` and `make bench`.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::envoy::{Envoy, EnvoyOptions};
 use crate::load::{self, LoadResult};
 use crate::sim::{Latency, Simulator};
 
 /// What sits between the load generator and the hosts.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Proxy {
+    /// No Envoy: the load generator calls the hosts in turn.
+    Direct,
     /// Envoy without the filter (`envoy-baseline.yaml`).
     Baseline,
     /// Envoy's own hedging with a fixed per-try timeout (`envoy-static-hedge.yaml`).
@@ -20,8 +26,15 @@ pub enum Proxy {
 }
 
 impl Proxy {
+    pub fn adaptive_defaults() -> Self {
+        Proxy::Adaptive {
+            plugin_config: "{}".into(),
+        }
+    }
+
     pub fn name(&self) -> String {
         match self {
+            Proxy::Direct => "no Envoy (direct)".into(),
             Proxy::Baseline => "Envoy, no hedging".into(),
             Proxy::StaticHedge { delay_ms } => format!("Envoy static hedge {delay_ms} ms"),
             Proxy::Adaptive { plugin_config } if plugin_config.trim() == "{}" => {
@@ -31,16 +44,18 @@ impl Proxy {
         }
     }
 
-    fn options(&self, ports: &[u16]) -> EnvoyOptions {
+    fn options(&self, ports: &[u16]) -> Option<EnvoyOptions> {
         match self {
-            Proxy::Baseline => EnvoyOptions::new("envoy-baseline.yaml", ports),
-            Proxy::StaticHedge { delay_ms } => EnvoyOptions::new("envoy-static-hedge.yaml", ports)
-                .edit(
+            Proxy::Direct => None,
+            Proxy::Baseline => Some(EnvoyOptions::new("envoy-baseline.yaml", ports)),
+            Proxy::StaticHedge { delay_ms } => {
+                Some(EnvoyOptions::new("envoy-static-hedge.yaml", ports).edit(
                     "per_try_timeout: 0.010s",
                     &format!("per_try_timeout: {:.3}s", *delay_ms as f64 / 1000.0),
-                ),
+                ))
+            }
             Proxy::Adaptive { plugin_config } => {
-                EnvoyOptions::new("envoy.yaml", ports).plugin_config(plugin_config)
+                Some(EnvoyOptions::new("envoy.yaml", ports).plugin_config(plugin_config))
             }
         }
     }
@@ -54,151 +69,318 @@ pub enum Workload {
     Open { rate: f64, requests: u64 },
 }
 
+/// A route of the Envoy configs and the simulated hosts behind it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub path: &'static str,
+    pub cluster: &'static str,
+    /// Indexes into the plan's hosts.
+    pub hosts: Vec<usize>,
+}
+
+/// What to run: hosts (the configs' 8081..8084), the routes to load, and
+/// latency changes at fractions of the measured run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub hosts: Vec<Latency>,
+    pub targets: Vec<Target>,
+    /// (fraction of the run, host or None for every host, new model)
+    pub changes: Vec<(f64, Option<usize>, Latency)>,
+    pub warmup: u64,
+    pub workload: Workload,
+}
+
+impl Plan {
+    /// Three hosts behind `backend` (route `/`), all following `model`.
+    pub fn three_hosts(model: Latency, warmup: u64, workload: Workload) -> Plan {
+        Plan {
+            hosts: vec![model; 3],
+            targets: vec![Target {
+                path: "/",
+                cluster: "backend",
+                hosts: vec![0, 1, 2],
+            }],
+            changes: Vec::new(),
+            warmup,
+            workload,
+        }
+    }
+}
+
+/// The filter's (or Envoy's) view of `backend` every 500 ms.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TimelinePoint {
+    pub t_s: f64,
+    /// The learned delay (adaptive only), ms.
+    pub delay_ms: f64,
+    /// Extra attempts / requests over the last interval.
+    pub hedge_rate: f64,
+}
+
 pub struct Report {
     pub name: String,
-    pub latency: LoadResult,
+    /// Latency per target, in the plan's order.
+    pub latency: Vec<LoadResult>,
     pub requests: u64,
     pub upstream_attempts: u64,
     /// Upstream attempts / client requests - 1 (counted by the simulator).
     pub extra_load: f64,
     pub hedges_sent: i64,
-    /// The filter's learned delay for `backend`, in ms.
-    pub learned_delay_ms: Option<f64>,
-    /// Envoy's log shows no VM failure (checked, not assumed).
+    /// The learned delay per target's cluster at the end, ms (adaptive only).
+    pub learned_delay_ms: Vec<Option<f64>>,
+    pub timeline: Vec<TimelinePoint>,
     pub envoy: Option<Envoy>,
 }
 
-/// Runs `workload` through `proxy` in front of hosts following `models`,
-/// after `warmup` requests (20 callers) that are not measured.
-pub fn run(
-    proxy: &Proxy,
-    models: &[Latency],
-    warmup: u64,
-    workload: Workload,
-    progress: &(dyn Fn(&str) + Sync),
-) -> Result<Report, String> {
-    let sim = Simulator::start(models.to_vec()).map_err(|e| e.to_string())?;
+impl Report {
+    /// Latency of the first (or only) target.
+    pub fn main(&self) -> &LoadResult {
+        &self.latency[0]
+    }
+}
+
+/// Runs `plan` through `proxy`.
+pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Result<Report, String> {
+    let sim = Simulator::start(plan.hosts.clone()).map_err(|e| e.to_string())?;
     let mut ports = sim.ports().to_vec();
     while ports.len() < 4 {
-        ports.push(ports[0]); // configs name four upstream hosts
+        ports.push(ports[0]); // the configs name four upstream hosts
     }
-    let envoy = Envoy::start(proxy.options(&ports))?;
+    let envoy = match proxy.options(&ports) {
+        Some(options) => Some(Envoy::start(options)?),
+        None => None,
+    };
+    // one URL per (target, host) for Direct, one per target through Envoy
+    let mut urls = Vec::new();
+    let mut url_target = Vec::new();
+    for (k, target) in plan.targets.iter().enumerate() {
+        match &envoy {
+            Some(e) => {
+                urls.push(e.url(target.path));
+                url_target.push(k);
+            }
+            None => {
+                for &h in &target.hosts {
+                    urls.push(format!("http://127.0.0.1:{}{}", ports[h], target.path));
+                    url_target.push(k);
+                }
+            }
+        }
+    }
     let client = load::client();
     let rt = crate::runtime();
-    let url = envoy.url("/");
-    if warmup > 0 {
-        progress(&format!("  warm-up: {warmup} requests"));
-        let w = rt.block_on(load::closed_loop(
+    if plan.warmup > 0 {
+        progress(&format!("  warm-up: {} requests", plan.warmup));
+        let w = rt.block_on(load::open_loop_mixed(
             &client,
-            &url,
-            20,
-            warmup,
+            &urls,
+            2000.0,
+            plan.warmup,
             Duration::from_secs(10),
         ));
-        if w.ok() != warmup {
-            return Err(format!("warm-up failed: {}", w.summary()));
+        let ok: u64 = w.iter().map(LoadResult::ok).sum();
+        if ok != plan.warmup {
+            return Err(format!(
+                "warm-up failed: {:?}",
+                w.iter().map(LoadResult::summary).collect::<Vec<_>>()
+            ));
         }
         std::thread::sleep(Duration::from_millis(600));
     }
     sim.settle(Duration::from_secs(5));
     sim.reset_counts();
-    let hedges_before = hedge_count(proxy, &envoy);
-    progress(&format!("  measuring: {workload:?}"));
-    let (latency, requests) = with_progress(progress, || match workload {
-        Workload::Closed { callers, requests } => (
-            rt.block_on(load::closed_loop(
+    let hedges_before = envoy.as_ref().map_or(0, |e| hedge_count(proxy, e));
+    progress(&format!("  measuring: {:?}", plan.workload));
+    let duration = match plan.workload {
+        Workload::Open { rate, requests } => Duration::from_secs_f64(requests as f64 / rate),
+        Workload::Closed { .. } => Duration::ZERO,
+    };
+    let done = AtomicBool::new(false);
+    let (results, timeline) = std::thread::scope(|scope| {
+        // scheduled latency changes
+        scope.spawn(|| {
+            let start = Instant::now();
+            let mut changes = plan.changes.clone();
+            changes.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for (fraction, host, model) in changes {
+                let due = start + duration.mul_f64(fraction);
+                while Instant::now() < due {
+                    if done.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                match host {
+                    Some(h) => sim.set_model(h, model),
+                    None => sim.set_all_models(model),
+                }
+            }
+        });
+        let timeline = scope.spawn(|| sample_timeline(proxy, envoy.as_ref(), &done, progress));
+        let results = match plan.workload {
+            Workload::Closed { callers, requests } => {
+                vec![rt.block_on(load::closed_loop(
+                    &client,
+                    &urls[0],
+                    callers,
+                    requests,
+                    Duration::from_secs(10),
+                ))]
+            }
+            Workload::Open { rate, requests } => rt.block_on(load::open_loop_mixed(
                 &client,
-                &url,
-                callers,
-                requests,
-                Duration::from_secs(10),
-            )),
-            requests,
-        ),
-        Workload::Open { rate, requests } => (
-            rt.block_on(load::open_loop(
-                &client,
-                &url,
+                &urls,
                 rate,
                 requests,
                 Duration::from_secs(10),
             )),
-            requests,
-        ),
+        };
+        done.store(true, Ordering::Relaxed);
+        (results, timeline.join().unwrap_or_default())
     });
     std::thread::sleep(Duration::from_millis(600)); // one more tick flushes the filter's counters
     let counts = sim.settle(Duration::from_secs(5));
-    let hedges_sent = hedge_count(proxy, &envoy) - hedges_before;
-    let learned_delay_ms = match proxy {
-        Proxy::Adaptive { .. } => {
-            Some(envoy.filter_stat("hedge_delay_us", "backend") as f64 / 1000.0)
+    // per target: merge the URLs that belong to it
+    let mut latency: Vec<LoadResult> = plan.targets.iter().map(|_| LoadResult::new()).collect();
+    for (r, &k) in results.iter().zip(url_target.iter()) {
+        if let Some(l) = latency.get_mut(k) {
+            l.merge(r);
         }
-        _ => None,
-    };
+    }
+    let requests: u64 = latency.iter().map(|l| l.sent).sum();
+    let hedges_sent = envoy
+        .as_ref()
+        .map_or(0, |e| hedge_count(proxy, e) - hedges_before);
+    let learned_delay_ms = plan
+        .targets
+        .iter()
+        .map(|t| match (proxy, &envoy) {
+            (Proxy::Adaptive { .. }, Some(e)) => {
+                Some(e.filter_stat("hedge_delay_us", t.cluster) as f64 / 1000.0)
+            }
+            _ => None,
+        })
+        .collect();
     Ok(Report {
         name: proxy.name(),
         requests,
         upstream_attempts: counts.arrivals,
-        extra_load: counts.arrivals as f64 / requests as f64 - 1.0,
+        extra_load: counts.arrivals as f64 / requests.max(1) as f64 - 1.0,
         hedges_sent,
         learned_delay_ms,
+        timeline,
         latency,
-        envoy: Some(envoy),
+        envoy,
     })
+}
+
+/// Every 500 ms: the learned delay and the hedge rate of `backend`; every
+/// 5 s a progress line.
+fn sample_timeline(
+    proxy: &Proxy,
+    envoy: Option<&Envoy>,
+    done: &AtomicBool,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Vec<TimelinePoint> {
+    let start = Instant::now();
+    let first = load::COMPLETED.load(Ordering::Relaxed);
+    let mut points = Vec::new();
+    let mut last: Option<(i64, i64)> = None;
+    let mut ticks = 0u32;
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(500));
+        ticks += 1;
+        if ticks.is_multiple_of(10) {
+            progress(&format!(
+                "    ... {} requests done",
+                load::COMPLETED.load(Ordering::Relaxed) - first
+            ));
+        }
+        let Some(envoy) = envoy else { continue };
+        let stats = envoy.stats();
+        let get = |k: &str| stats.get(k).copied().unwrap_or(0);
+        let (extra, requests) = match proxy {
+            Proxy::Adaptive { .. } => (
+                get("wasmcustom.adaptive_hedge.hedges_sent_total.backend"),
+                get("wasmcustom.adaptive_hedge.requests_total.backend"),
+            ),
+            _ => {
+                let retries = get("cluster.backend.upstream_rq_retry");
+                (retries, get("cluster.backend.upstream_rq_total") - retries)
+            }
+        };
+        let hedge_rate = match last {
+            Some((e0, r0)) if requests > r0 => (extra - e0) as f64 / (requests - r0) as f64,
+            _ => 0.0,
+        };
+        last = Some((extra, requests));
+        points.push(TimelinePoint {
+            t_s: start.elapsed().as_secs_f64(),
+            delay_ms: get("wasmcustom.adaptive_hedge.hedge_delay_us.backend") as f64 / 1000.0,
+            hedge_rate,
+        });
+    }
+    points
 }
 
 /// Extra attempts Envoy started: the filter's counter, or Envoy's retry
 /// counter for its own hedging.
 fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
+    let all = |metric: &str| -> i64 {
+        envoy
+            .stats()
+            .iter()
+            .filter(|(k, _)| k.starts_with(metric))
+            .map(|(_, v)| *v)
+            .sum()
+    };
     match proxy {
-        Proxy::Baseline => 0,
-        Proxy::StaticHedge { .. } => envoy.stat("cluster.backend.upstream_rq_retry"),
-        Proxy::Adaptive { .. } => envoy.filter_stat("hedges_sent_total", "backend"),
+        Proxy::Direct | Proxy::Baseline => 0,
+        Proxy::StaticHedge { .. } => {
+            envoy.stat("cluster.backend.upstream_rq_retry")
+                + envoy.stat("cluster.backend-b.upstream_rq_retry")
+        }
+        Proxy::Adaptive { .. } => all("wasmcustom.adaptive_hedge.hedges_sent_total."),
     }
 }
 
-/// A markdown table of reports.
+/// A markdown table of reports (their first target).
 pub fn table<'a>(reports: impl IntoIterator<Item = &'a Report>) -> String {
     let mut out = String::from(
         "| configuration | p50 | p90 | p95 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
+        let l = r.main();
         out.push_str(&format!(
             "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
             r.name,
-            r.latency.ms(0.5),
-            r.latency.ms(0.9),
-            r.latency.ms(0.95),
-            r.latency.ms(0.99),
-            r.latency.ms(0.999),
+            l.ms(0.5),
+            l.ms(0.9),
+            l.ms(0.95),
+            l.ms(0.99),
+            l.ms(0.999),
             r.extra_load * 100.0,
             r.hedges_sent,
             r.learned_delay_ms
+                .first()
+                .copied()
+                .flatten()
                 .map_or("-".into(), |d| format!("{d:.1} ms")),
         ));
     }
     out
 }
 
-/// Runs `f`, reporting how many requests have completed every 5 s meanwhile.
-fn with_progress<T>(progress: &(dyn Fn(&str) + Sync), f: impl FnOnce() -> T) -> T {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let done = AtomicBool::new(false);
-    let start = load::COMPLETED.load(Ordering::Relaxed);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let mut ticks = 0u32;
-            while !done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                ticks += 1;
-                if ticks.is_multiple_of(50) {
-                    let n = load::COMPLETED.load(Ordering::Relaxed) - start;
-                    progress(&format!("    ... {n} requests done"));
-                }
-            }
-        });
-        let out = f();
-        done.store(true, Ordering::Relaxed);
-        out
-    })
+/// Percentiles of a result as a JSON-friendly map (ms).
+pub fn percentiles(l: &LoadResult) -> HashMap<&'static str, f64> {
+    [
+        ("p50", 0.5),
+        ("p90", 0.9),
+        ("p95", 0.95),
+        ("p99", 0.99),
+        ("p999", 0.999),
+    ]
+    .into_iter()
+    .map(|(k, q)| (k, l.ms(q)))
+    .collect()
 }

@@ -124,6 +124,8 @@ pub struct Outcome {
     pub hedges: u64,
     /// (virtual time s, delay ms) every tick, worker 0 (adaptive only).
     pub delay_timeline: Vec<(f64, f64)>,
+    /// Bytes the cluster's value takes in shared memory at the end (adaptive only).
+    pub shared_bytes: usize,
 }
 
 impl Outcome {
@@ -282,6 +284,13 @@ pub fn run(
             }
         }
     }
+    let shared_bytes = store
+        .values
+        .borrow()
+        .iter()
+        .filter(|(k, _)| k.contains("/cluster/"))
+        .map(|(_, (v, _))| v.len())
+        .sum();
     Ok(Outcome {
         scenario: scenario.name(),
         policy: policy.name(),
@@ -289,6 +298,7 @@ pub fn run(
         requests: done,
         hedges,
         delay_timeline,
+        shared_bytes,
     })
 }
 

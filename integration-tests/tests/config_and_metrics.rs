@@ -111,7 +111,13 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     assert_eq!(value("adaptive_hedge_requests_total", "backend-b"), 127.0);
     // backend-b: 100 warming up + 7 POSTs were not eligible
     assert!(value("adaptive_hedge_ineligible_total", "backend-b") >= 107.0);
-    assert_eq!(value("adaptive_hedge_window_samples", "backend"), 303.0);
+    // sampling is capped per tick (SAMPLES_PER_TICK): never more samples than
+    // requests, and at this rate enough to be warm
+    let samples = value("adaptive_hedge_window_samples", "backend");
+    assert!(
+        (100.0..=303.0).contains(&samples),
+        "{samples} samples in the window"
+    );
     let armed = value("adaptive_hedge_hedges_armed_total", "backend");
     let exhausted = value("adaptive_hedge_budget_exhausted_total", "backend");
     let ineligible = value("adaptive_hedge_ineligible_total", "backend");

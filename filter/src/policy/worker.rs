@@ -20,6 +20,12 @@ use super::window::WindowGeometry;
 /// the next tick (contention is between a handful of workers).
 const CAS_ATTEMPTS: u32 = 8;
 
+/// Latency samples a worker takes per tick at most (1,280/s at the default
+/// 200 ms tick; a 30 s window then holds up to ~38,000 per worker). Taking
+/// the first requests of each tick is unbiased: when a request starts within
+/// a tick says nothing about how long it takes.
+pub const SAMPLES_PER_TICK: u32 = 256;
+
 /// Slices that make up the "recent" quantile (see `decision::hedge_delay`).
 const RECENT_SLICES: u64 = 2;
 
@@ -106,6 +112,8 @@ pub struct ClusterState {
     counters: ClusterCounters,
     metric_ids: Option<[u32; 7]>,
     reset_logged: bool,
+    /// Latency samples taken since the last tick.
+    samples_this_tick: u32,
 }
 
 impl ClusterState {
@@ -123,6 +131,7 @@ impl ClusterState {
             counters: ClusterCounters::default(),
             metric_ids: None,
             reset_logged: false,
+            samples_this_tick: 0,
         }
     }
 
@@ -261,7 +270,22 @@ impl Worker {
     }
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
+    /// Whether this request's latency should be sampled (at most
+    /// `SAMPLES_PER_TICK` per cluster per tick).
+    pub fn take_sample_slot(&mut self, id: ClusterId) -> bool {
+        match self.clusters.get_mut(id) {
+            Some(c) if c.samples_this_tick < SAMPLES_PER_TICK => {
+                c.samples_this_tick += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
+        for c in self.clusters.iter_mut() {
+            c.samples_this_tick = 0;
+        }
         if self
             .clusters
             .iter()
@@ -746,6 +770,20 @@ mod tests {
         // a second flush adds nothing
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.requests_total.c"), 202);
+    }
+
+    #[test]
+    fn samples_are_capped_per_tick() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(""));
+        let (a, _) = w.on_request(Some(b"a"), b"GET");
+        let (b, _) = w.on_request(Some(b"b"), b"GET");
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let taken = (0..1000).filter(|_| w.take_sample_slot(a)).count();
+        assert_eq!(taken, SAMPLES_PER_TICK as usize);
+        assert!(w.take_sample_slot(b), "each cluster has its own slots");
+        w.sync(T0, &store, &mut Lines::default());
+        assert!(w.take_sample_slot(a), "a new tick, new slots");
     }
 
     #[test]

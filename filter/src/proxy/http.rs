@@ -82,13 +82,19 @@ impl HedgeHttp {
     /// that could turn the timeout into a plain retry that cancels the first
     /// attempt.
     fn arm(&self, hedge: Hedge, retry_on: &str) -> bool {
-        let hedges = hedge.hedges.to_string();
-        let timeout = hedge.per_try_timeout_ms.to_string();
+        let (mut hedges, mut timeout) = ([0u8; 20], [0u8; 20]);
+        // x-envoy-retry-grpc-on is left alone here: whatever a client adds
+        // to it, Envoy makes at most the `max-retries` attempts set here,
+        // which the budget has paid for. Unarmed requests have it removed.
         let armed = host::set_request_header(HEDGE_ON_PER_TRY_TIMEOUT, b"true").is_ok()
-            && host::set_request_header(MAX_RETRIES, hedges.as_bytes()).is_ok()
+            && host::set_request_header(MAX_RETRIES, decimal(u64::from(hedge.hedges), &mut hedges))
+                .is_ok()
             && host::set_request_header(RETRY_ON, retry_on.as_bytes()).is_ok()
-            && host::remove_request_header(RETRY_GRPC_ON).is_ok()
-            && host::set_request_header(PER_TRY_TIMEOUT, timeout.as_bytes()).is_ok();
+            && host::set_request_header(
+                PER_TRY_TIMEOUT,
+                decimal(hedge.per_try_timeout_ms, &mut timeout),
+            )
+            .is_ok();
         if !armed {
             strip_control_headers();
         }
@@ -125,6 +131,22 @@ impl HedgeHttp {
     }
 }
 
+/// `n` in decimal, without allocating (the request path runs per request).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        if let Some(d) = buf.get_mut(start) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or_default()
+}
+
 fn strip_control_headers() {
     for name in CONTROL_HEADERS {
         let _ = host::remove_request_header(name);
@@ -145,7 +167,6 @@ impl HttpContext for HedgeHttp {
             strip_control_headers();
             return Action::Continue;
         };
-        self.started_ns = host::now_ns().unwrap_or(0);
         let cluster = host::property(CLUSTER_NAME).ok().flatten();
         if self.trust_client_headers && client_sent_control_headers() {
             // The operator trusts clients and this one chose for itself.
@@ -165,6 +186,11 @@ impl HttpContext for HedgeHttp {
         };
         let (id, decision) = w.on_request(cluster.as_deref(), &method);
         self.cluster = id;
+        // A sample costs three host calls (two clocks, the response's
+        // origin); past a few hundred per tick the quantile gains nothing.
+        if id.is_some_and(|id| w.take_sample_slot(id)) {
+            self.started_ns = host::now_ns().unwrap_or(0);
+        }
         if self.debug_header {
             self.decision = Some(decision);
         }

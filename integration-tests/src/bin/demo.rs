@@ -2,7 +2,7 @@
 //! loopback, with a table at the end. Every process it starts is stopped when
 //! it ends, also on Ctrl-C.
 
-use integration_tests::scenario::{self, Proxy, Workload};
+use integration_tests::scenario::{self, Plan, Proxy, Workload};
 use integration_tests::sim::Latency;
 
 fn main() {
@@ -26,7 +26,6 @@ fn main() {
         },
     };
     let warmup = 2_000;
-    let models = vec![Latency::reference(); 3];
     println!("adaptive-hedge demo");
     println!("  3 simulated hosts on 127.0.0.1: lognormal latency (mean 5 ms, sd 2 ms), 5% stragglers at 10x");
     println!("  workload: {workload:?}, after {warmup} warm-up requests");
@@ -36,6 +35,7 @@ fn main() {
     );
     let progress = |s: &str| println!("{s}");
     let mut reports = Vec::new();
+    let plan = Plan::three_hosts(Latency::reference(), warmup, workload);
     for (step, proxy) in [
         Proxy::Baseline,
         Proxy::Adaptive {
@@ -46,7 +46,7 @@ fn main() {
     .enumerate()
     {
         println!("[{}/2] {}", step + 1, proxy.name());
-        match scenario::run(proxy, &models, warmup, workload, &progress) {
+        match scenario::run(proxy, &plan, &progress) {
             Ok(mut report) => {
                 if let Some(envoy) = report.envoy.take() {
                     envoy.assert_no_vm_failure();
@@ -54,7 +54,7 @@ fn main() {
                         println!("  {}", envoy.filter_stats("backend"));
                     }
                 }
-                println!("  {}", report.latency.summary());
+                println!("  {}", report.main().summary());
                 reports.push(report);
             }
             Err(e) => {
@@ -67,9 +67,9 @@ fn main() {
     if let [base, adaptive] = reports.as_slice() {
         println!(
             "p99 {:.1} ms -> {:.1} ms ({:.1}x lower) for {:.1}% extra upstream load",
-            base.latency.ms(0.99),
-            adaptive.latency.ms(0.99),
-            base.latency.ms(0.99) / adaptive.latency.ms(0.99),
+            base.main().ms(0.99),
+            adaptive.main().ms(0.99),
+            base.main().ms(0.99) / adaptive.main().ms(0.99),
             adaptive.extra_load * 100.0
         );
     }

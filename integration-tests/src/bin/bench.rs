@@ -1,0 +1,686 @@
+//! `make bench`: adaptive-hedge against Envoy without hedging and Envoy's own
+//! static hedging, side by side in one run, under the scenarios of
+//! shared/ANCHORS.md; the same policy code in virtual time; and the filter's
+//! own cost. Writes `results/report.md`, `results/results.json` and (with
+//! `bench/plot.py`) PNG charts.
+//!
+//! `BENCH_QUICK=1`: small counts, fewer configurations, no conclusions (a
+//! smoke run for CI).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use integration_tests::envoy::{self, Envoy, EnvoyOptions};
+use integration_tests::load;
+use integration_tests::scenario::{self, Plan, Proxy, Report, Target, Workload};
+use integration_tests::sim::Latency;
+use integration_tests::virtual_time::{
+    self, BadHost, Length, Outage, Policy, Scenario, Shift, Steady,
+};
+use serde_json::{json, Value};
+
+/// One configuration's outcome in one scenario (for the aims check).
+struct Outcome {
+    configuration: String,
+    p99_ms: f64,
+    extra_load: f64,
+}
+
+/// A scenario's title and its configurations' outcomes.
+type ScenarioOutcomes = (String, Vec<Outcome>);
+
+/// Static delays swept for "the best fixed delay in hindsight".
+const STATIC_SWEEP_MS: [u64; 6] = [5, 10, 15, 20, 30, 50];
+
+struct Settings {
+    quick: bool,
+    rate: f64,
+    requests: u64,
+    warmup: u64,
+    closed_requests: u64,
+    statics: Vec<u64>,
+    cost_rounds: usize,
+    cost_seconds: f64,
+    virtual_seconds: f64,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let quick = std::env::var_os("BENCH_QUICK").is_some_and(|v| v != "0");
+        if quick {
+            Settings {
+                quick,
+                rate: 300.0,
+                requests: 600,
+                warmup: 300,
+                closed_requests: 0,
+                statics: vec![10, 50],
+                cost_rounds: 1,
+                cost_seconds: 1.0,
+                virtual_seconds: 20.0,
+            }
+        } else {
+            Settings {
+                quick,
+                rate: 500.0,
+                requests: 10_000,
+                warmup: 2_000,
+                closed_requests: 50_000,
+                statics: STATIC_SWEEP_MS.to_vec(),
+                cost_rounds: 7,
+                cost_seconds: 4.0,
+                virtual_seconds: 120.0,
+            }
+        }
+    }
+}
+
+fn reference_scaled(f: f64) -> Latency {
+    Latency::LogNormal {
+        mean_ms: 5.0 * f,
+        sd_ms: 2.0 * f,
+        straggler_prob: 0.05,
+        straggler_mult: 10.0,
+    }
+}
+
+/// The scenarios, each a plan for the real-Envoy runs.
+fn plans(s: &Settings) -> Vec<(&'static str, Plan)> {
+    let open = Workload::Open {
+        rate: s.rate,
+        requests: s.requests,
+    };
+    let three = |changes: Vec<(f64, Option<usize>, Latency)>| {
+        let mut p = Plan::three_hosts(Latency::reference(), s.warmup, open);
+        p.changes = changes;
+        p
+    };
+    let mut bad = three(Vec::new());
+    bad.hosts[0] = Latency::LogNormal {
+        mean_ms: 5.0,
+        sd_ms: 2.0,
+        straggler_prob: 0.3,
+        straggler_mult: 10.0,
+    };
+    let fast = Latency::LogNormal {
+        mean_ms: 1.0,
+        sd_ms: 0.4,
+        straggler_prob: 0.05,
+        straggler_mult: 10.0,
+    };
+    let slow = Latency::LogNormal {
+        mean_ms: 100.0,
+        sd_ms: 40.0,
+        straggler_prob: 0.05,
+        straggler_mult: 10.0,
+    };
+    let two = Plan {
+        hosts: vec![fast.clone(), fast.clone(), fast, slow],
+        targets: vec![
+            Target {
+                path: "/",
+                cluster: "backend",
+                hosts: vec![0, 1, 2],
+            },
+            Target {
+                path: "/b/",
+                cluster: "backend-b",
+                hosts: vec![3],
+            },
+        ],
+        changes: Vec::new(),
+        warmup: s.warmup,
+        workload: open,
+    };
+    vec![
+        ("steady", three(Vec::new())),
+        (
+            "shift up x3",
+            three(vec![(0.5, None, reference_scaled(3.0))]),
+        ),
+        (
+            "shift down /3",
+            three(vec![(0.5, None, reference_scaled(1.0 / 3.0))]),
+        ),
+        (
+            "outage",
+            three(vec![
+                (0.4, None, reference_scaled(10.0)),
+                (0.6, None, Latency::reference()),
+            ]),
+        ),
+        ("one bad host", bad),
+        ("two clusters 100x apart", two),
+    ]
+}
+
+fn proxies(s: &Settings) -> Vec<Proxy> {
+    let mut v = vec![Proxy::Direct, Proxy::Baseline];
+    v.extend(
+        s.statics
+            .iter()
+            .map(|&d| Proxy::StaticHedge { delay_ms: d }),
+    );
+    v.push(Proxy::adaptive_defaults());
+    if s.quick {
+        v.retain(|p| !matches!(p, Proxy::Direct));
+    }
+    v
+}
+
+fn percentiles_json(l: &load::LoadResult) -> Value {
+    json!({
+        "p50": l.ms(0.5), "p90": l.ms(0.9), "p95": l.ms(0.95), "p99": l.ms(0.99), "p999": l.ms(0.999),
+        "requests": l.sent, "ok": l.ok(), "errors": l.errors,
+    })
+}
+
+fn report_json(scenario: &str, plan: &Plan, r: &Report) -> Value {
+    json!({
+        "scenario": scenario,
+        "configuration": r.name,
+        "targets": plan.targets.iter().zip(&r.latency).zip(&r.learned_delay_ms).map(|((t, l), d)| json!({
+            "cluster": t.cluster, "latency_ms": percentiles_json(l), "learned_delay_ms": d,
+        })).collect::<Vec<_>>(),
+        "requests": r.requests,
+        "upstream_attempts": r.upstream_attempts,
+        "extra_load": r.extra_load,
+        "hedges_sent": r.hedges_sent,
+        "timeline": r.timeline.iter().map(|p| json!([p.t_s, p.delay_ms, p.hedge_rate])).collect::<Vec<_>>(),
+    })
+}
+
+fn main() {
+    let s = Settings::from_env();
+    let out = PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "results".into()));
+    if let Err(e) = std::fs::create_dir_all(&out) {
+        eprintln!("cannot create {}: {e}", out.display());
+        std::process::exit(1);
+    }
+    let started = Instant::now();
+    let progress = |line: &str| println!("{line}");
+    let mut md = String::new();
+    let mut json_runs = Vec::new();
+    md.push_str(&format!(
+        "# adaptive-hedge benchmark\n\n{} run, Envoy `{}` (`--concurrency 2` unless noted), on this machine ({} CPUs).\n\n",
+        if s.quick { "Quick (smoke: small counts, no conclusions)" } else { "Full" },
+        envoy_version(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    ));
+
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("cost") {
+        let (cost_md, _) = cost_section(&s, &progress);
+        println!("{cost_md}");
+        return;
+    }
+
+    // 1. the policy in virtual time
+    println!("[1/3] the policy in virtual time (no Envoy)");
+    let (virtual_md, virtual_json) = virtual_section(&s);
+    md.push_str(&virtual_md);
+
+    // 2. real Envoy, scenario by scenario
+    println!("[2/3] real Envoy, simulated hosts on loopback");
+    md.push_str(&format!(
+        "## Through real Envoy\n\nOpen loop at {} req/s, {} requests per configuration after {} warm-up requests; latency measured at the client from each request's scheduled start; extra load = upstream attempts counted by the simulated hosts / client requests − 1. Each configuration starts its own Envoy and hosts.\n\n",
+        s.rate, s.requests, s.warmup
+    ));
+    let mut scenario_results: Vec<ScenarioOutcomes> = Vec::new();
+    for (name, plan) in plans(&s) {
+        println!("scenario: {name}");
+        let mut reports = Vec::new();
+        for proxy in proxies(&s) {
+            println!(" {}", proxy.name());
+            match scenario::run(&proxy, &plan, &progress) {
+                Ok(mut r) => {
+                    if let (Proxy::Adaptive { .. }, Some(e)) = (&proxy, r.envoy.take()) {
+                        e.assert_no_vm_failure();
+                    }
+                    r.envoy = None;
+                    json_runs.push(report_json(name, &plan, &r));
+                    reports.push(r);
+                }
+                Err(e) => {
+                    eprintln!("  failed: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        for (k, target) in plan.targets.iter().enumerate() {
+            let title = if plan.targets.len() > 1 {
+                format!("{name}: {}", target.cluster)
+            } else {
+                name.to_string()
+            };
+            md.push_str(&format!("### {title}\n\n{}\n", target_table(&reports, k)));
+            scenario_results.push((
+                title,
+                reports
+                    .iter()
+                    .map(|r| (r.name.clone(), r.latency[k].ms(0.99), r.extra_load))
+                    .collect(),
+            ));
+        }
+    }
+    if !s.quick {
+        md.push_str(&closed_loop_section(&s, &progress, &mut json_runs));
+    }
+    md.push_str(&aims_section(&scenario_results, s.quick));
+
+    // 3. the filter's own cost
+    println!("[3/3] the filter's own cost (1 worker pinned to CPU 0, load on CPU 1)");
+    let (cost_md, cost_json) = cost_section(&s, &progress);
+    md.push_str(&cost_md);
+
+    md.push_str(&format!(
+        "\n---\nReproduce: `make bench` ({}). Took {:.0} s. Charts: `latency_<scenario>.png`, `timeline_<scenario>.png` (made by `bench/plot.py` from `results.json`).\n",
+        if s.quick { "BENCH_QUICK=1" } else { "full" },
+        started.elapsed().as_secs_f64()
+    ));
+    let all =
+        json!({ "quick": s.quick, "runs": json_runs, "virtual": virtual_json, "cost": cost_json });
+    let write = |file: &str, text: &str| {
+        if let Err(e) = std::fs::write(out.join(file), text) {
+            eprintln!("cannot write {file}: {e}");
+            std::process::exit(1);
+        }
+    };
+    write(
+        "results.json",
+        &serde_json::to_string_pretty(&all).unwrap_or_default(),
+    );
+    write("report.md", &md);
+    println!(
+        "\nwrote {}/report.md and results.json in {:.0} s",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn envoy_version() -> String {
+    std::process::Command::new(envoy::envoy_binary())
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            // "<path>  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+            let text = String::from_utf8_lossy(&o.stdout).to_string();
+            text.split("version: ")
+                .nth(1)?
+                .split('/')
+                .nth(1)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+fn target_table(reports: &[Report], k: usize) -> String {
+    let mut t = String::from(
+        "| configuration | p50 | p90 | p95 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let l = &r.latency[k];
+        t.push_str(&format!(
+            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
+            r.name,
+            l.ms(0.5),
+            l.ms(0.9),
+            l.ms(0.95),
+            l.ms(0.99),
+            l.ms(0.999),
+            r.extra_load * 100.0,
+            r.hedges_sent,
+            r.learned_delay_ms
+                .get(k)
+                .copied()
+                .flatten()
+                .map_or("-".into(), |d| format!("{d:.1} ms")),
+        ));
+    }
+    t
+}
+
+/// The reference workload in its closed-loop form (20 callers, 50,000
+/// requests), as published for the in-process library.
+fn closed_loop_section(
+    s: &Settings,
+    progress: &(dyn Fn(&str) + Sync),
+    json_runs: &mut Vec<Value>,
+) -> String {
+    println!("scenario: steady, closed loop");
+    let plan = Plan::three_hosts(
+        Latency::reference(),
+        s.warmup,
+        Workload::Closed {
+            callers: 20,
+            requests: s.closed_requests,
+        },
+    );
+    let mut reports = Vec::new();
+    for proxy in [
+        Proxy::Baseline,
+        Proxy::StaticHedge { delay_ms: 10 },
+        Proxy::StaticHedge { delay_ms: 50 },
+        Proxy::adaptive_defaults(),
+    ] {
+        println!(" {}", proxy.name());
+        if let Ok(mut r) = scenario::run(&proxy, &plan, progress) {
+            r.envoy = None;
+            json_runs.push(report_json("steady closed loop", &plan, &r));
+            reports.push(r);
+        }
+    }
+    format!(
+        "### steady, closed loop (20 callers, {} requests)\n\nThe published in-process form. On 2 cores the 20 callers saturate the CPUs that the client, Envoy and the hosts share, so queueing adds to every configuration.\n\n{}\n",
+        s.closed_requests,
+        target_table(&reports, 0)
+    )
+}
+
+/// The aims of the benchmark issue, checked against this run's numbers.
+fn aims_section(results: &[ScenarioOutcomes], quick: bool) -> String {
+    if quick {
+        return "## Aims\n\nNot evaluated in a quick run.\n\n".into();
+    }
+    let adaptive_name = Proxy::adaptive_defaults().name();
+    let mut md = String::from("## Aims, checked\n\n| scenario | adaptive p99 | adaptive extra load | best static at no more load | its p99 | adaptive within 10%? | worst static / adaptive p99 |\n|---|---|---|---|---|---|---|\n");
+    let mut static_worst: std::collections::BTreeMap<String, f64> = Default::default();
+    let mut within = 0;
+    let mut over_budget = Vec::new();
+    for (scenario, runs) in results {
+        let Some(adaptive) = runs.iter().find(|o| o.configuration == adaptive_name) else {
+            continue;
+        };
+        let (a_p99, a_load) = (adaptive.p99_ms, adaptive.extra_load);
+        if a_load > 0.11 {
+            over_budget.push(format!("{scenario}: {:.1}%", a_load * 100.0));
+        }
+        let statics: Vec<&Outcome> = runs
+            .iter()
+            .filter(|o| o.configuration.contains("static"))
+            .collect();
+        for o in &statics {
+            let e = static_worst.entry(o.configuration.clone()).or_insert(0.0);
+            *e = e.max(o.p99_ms / a_p99);
+        }
+        // "at no more extra load" (half a point of slack for counting noise)
+        let best = statics
+            .iter()
+            .filter(|o| o.extra_load <= a_load + 0.005)
+            .min_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms));
+        let worst = statics.iter().map(|o| o.p99_ms / a_p99).fold(0.0, f64::max);
+        let (best_name, best_p99, ok) = match best {
+            Some(o) => (
+                o.configuration.clone(),
+                format!("{:.1} ms", o.p99_ms),
+                a_p99 <= 1.10 * o.p99_ms,
+            ),
+            None => (
+                "none (every static delay spends more)".into(),
+                "-".into(),
+                true,
+            ),
+        };
+        if ok {
+            within += 1;
+        }
+        md.push_str(&format!(
+            "| {scenario} | {a_p99:.1} ms | {:.1}% | {best_name} | {best_p99} | {} | {worst:.2}x |\n",
+            a_load * 100.0,
+            if ok { "yes" } else { "**no**" }
+        ));
+    }
+    md.push_str(&format!(
+        "\n- Adaptive within 10% of the best static delay in hindsight (at no more extra load) in {within} of {} scenarios.\n",
+        results.len()
+    ));
+    for (n, worst) in &static_worst {
+        md.push_str(&format!(
+            "- {n}: worst p99 relative to adaptive across scenarios {worst:.2}x{}\n",
+            if *worst >= 1.5 {
+                " (at least 1.5x worse somewhere: yes)"
+            } else {
+                " (**never 1.5x worse**)"
+            }
+        ));
+    }
+    if over_budget.is_empty() {
+        md.push_str(
+            "- Adaptive extra load within budget + 1 point (11%) in every scenario: yes.\n\n",
+        );
+    } else {
+        md.push_str(&format!(
+            "- Adaptive extra load above 11%: **{}**.\n\n",
+            over_budget.join(", ")
+        ));
+    }
+    md
+}
+
+/// The policy alone: virtual time, same code, no noise.
+fn virtual_section(s: &Settings) -> (String, Value) {
+    let scenarios: Vec<Box<dyn Scenario>> = vec![
+        Box::new(Steady),
+        Box::new(Shift(3.0)),
+        Box::new(Shift(1.0 / 3.0)),
+        Box::new(Outage),
+        Box::new(BadHost),
+    ];
+    let mut policies = vec![Policy::None];
+    policies.extend(
+        s.statics
+            .iter()
+            .map(|&d| Policy::Static { delay_ms: d as f64 }),
+    );
+    policies.push(Policy::Adaptive {
+        plugin_config: "{}".into(),
+    });
+    let mut md = String::from("## The policy alone, in virtual time\n\n");
+    md.push_str("The filter's own policy code (`Worker`, `decide`, budget, shared window; two workers sharing an in-memory store, ticking every 200 ms) driven by a discrete-event simulation: 20 closed-loop callers, no Envoy, no sockets, no noise. An armed request whose primary outlives the delay sends one hedge to another host; the response is min(primary, delay + hedge).\n\n");
+    // the published comparison: 50,000 requests, steady
+    let mut rows = Vec::new();
+    let mut json_rows = Vec::new();
+    for p in [
+        Policy::None,
+        Policy::Static { delay_ms: 10.0 },
+        Policy::Static { delay_ms: 50.0 },
+        Policy::Adaptive {
+            plugin_config: "{}".into(),
+        },
+    ] {
+        if let Ok(o) = virtual_time::run(&Steady, &p, 20, Length::Requests(50_000), 42) {
+            rows.push(format!(
+                "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% |",
+                o.policy,
+                o.ms(0.5),
+                o.ms(0.9),
+                o.ms(0.95),
+                o.ms(0.99),
+                o.ms(0.999),
+                o.extra_load() * 100.0
+            ));
+        }
+    }
+    md.push_str("### Reference workload (50,000 requests, 20 callers) next to the published in-process library\n\n| configuration | p50 | p90 | p95 | p99 | p999 | extra load |\n|---|---|---|---|---|---|---|\n");
+    md.push_str(&rows.join("\n"));
+    md.push_str("\n| *published `bhope/hedge`: no hedging* | *5.5 ms* | *9.4 ms* | *16.9 ms* | *65.0 ms* | *100.7 ms* | *0%* |\n| *published: static 10 ms* | *5.6 ms* | *9.6 ms* | *14.0 ms* | *18.8 ms* | *46.2 ms* | *8.3%* |\n| *published: static 50 ms* | *5.6 ms* | *9.6 ms* | *19.1 ms* | *55.9 ms* | *61.2 ms* | *2.1%* |\n| *published: adaptive, tuned to the real rate* | *5.8 ms* | *10.0 ms* | *14.1 ms* | *19.0 ms* | *46.2 ms* | *8.3%* |\n| *published: adaptive, library defaults* | *5.7 ms* | *9.9 ms* | *18.6 ms* | *64.4 ms* | *103.6 ms* | *0.4%* |\n\n");
+    md.push_str(&format!(
+        "### Scenarios ({} virtual seconds each; changes half-way, the outage in the middle fifth)\n\n| scenario | policy | p50 | p90 | p99 | p999 | extra load |\n|---|---|---|---|---|---|---|\n",
+        s.virtual_seconds
+    ));
+    let mut shared_bytes = 0;
+    for sc in &scenarios {
+        for p in &policies {
+            let Ok(o) =
+                virtual_time::run(sc.as_ref(), p, 20, Length::Seconds(s.virtual_seconds), 42)
+            else {
+                continue;
+            };
+            shared_bytes = shared_bytes.max(o.shared_bytes);
+            md.push_str(&format!(
+                "| {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% |\n",
+                o.scenario,
+                o.policy,
+                o.ms(0.5),
+                o.ms(0.9),
+                o.ms(0.99),
+                o.ms(0.999),
+                o.extra_load() * 100.0
+            ));
+            json_rows.push(json!({
+                "scenario": o.scenario, "policy": o.policy,
+                "p50": o.ms(0.5), "p90": o.ms(0.9), "p99": o.ms(0.99), "p999": o.ms(0.999),
+                "extra_load": o.extra_load(), "delay_timeline": o.delay_timeline,
+            }));
+        }
+    }
+    md.push_str(&format!("\nShared memory per cluster (largest value seen, a full 30 s window): {shared_bytes} bytes.\n\n"));
+    (
+        md,
+        json!({ "rows": json_rows, "shared_bytes_per_cluster": shared_bytes }),
+    )
+}
+
+/// Envoy CPU per request and requests/s at saturation, 1 worker pinned to
+/// CPU 0 (the load generator and hosts on CPU 1): no filter, a do-nothing
+/// wasm filter, adaptive-hedge; alternating, several rounds; medians.
+fn cost_section(s: &Settings, progress: &(dyn Fn(&str) + Sync)) -> (String, Value) {
+    let root = envoy::repo_root();
+    let noop = root.join("build/noop_filter.wasm");
+    let configs: Vec<(&str, EnvoyOptions)> = vec![
+        (
+            "no filter",
+            EnvoyOptions::new("envoy-baseline.yaml", &[0; 4]),
+        ),
+        (
+            "do-nothing wasm filter",
+            EnvoyOptions::new("envoy.yaml", &[0; 4]).wasm(noop.clone()),
+        ),
+        // Envoy's own hedging armed on every request (per-try 1 s, never
+        // fires), no filter: what the router itself spends on a request that
+        // may be hedged (retry state, host predicate, per-try timer)
+        (
+            "Envoy static hedging armed, no filter",
+            EnvoyOptions::new("envoy-static-hedge.yaml", &[0; 4])
+                .edit("per_try_timeout: 0.010s", "per_try_timeout: 1s"),
+        ),
+        // every request still takes the whole path (armed, budget reserved and
+        // settled, sampled), but the 1 s delay never fires: this measures the
+        // filter, not the extra upstream work of the hedges it sends (that is
+        // the extra load reported above)
+        (
+            "adaptive-hedge",
+            EnvoyOptions::new("envoy.yaml", &[0; 4]).plugin_config(
+                &std::env::var("BENCH_COST_CONFIG").unwrap_or_else(|_| {
+                    r#"{"min_delay": "1s", "max_delay": "1s", "min_samples": 10}"#.into()
+                }),
+            ),
+        ),
+    ];
+    let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
+    envoy::pin_current_thread(1);
+    for round in 0..s.cost_rounds {
+        for (i, (name, options)) in configs.iter().enumerate() {
+            match cost_once(options, s.cost_seconds) {
+                Ok((us, rps)) => {
+                    progress(&format!(
+                        "  round {}: {name}: {us:.1} µs CPU/request, {rps:.0} req/s",
+                        round + 1
+                    ));
+                    if let Some(v) = samples.get_mut(i) {
+                        v.push((us, rps));
+                    }
+                }
+                Err(e) => progress(&format!("  round {}: {name}: failed: {e}", round + 1)),
+            }
+        }
+    }
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let cpu_median: Vec<f64> = samples
+        .iter()
+        .map(|v| median(v.iter().map(|x| x.0).collect()))
+        .collect();
+    // interference on a shared VM only ever adds CPU time: the minimum over
+    // rounds is the best estimate of what a request costs
+    let cpu: Vec<f64> = samples
+        .iter()
+        .map(|v| v.iter().map(|x| x.0).fold(f64::INFINITY, f64::min))
+        .collect();
+    let rps: Vec<f64> = samples
+        .iter()
+        .map(|v| median(v.iter().map(|x| x.1).collect()))
+        .collect();
+    let size = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+    let (wasm, noop_size) = (size(root.join("build/adaptive_hedge.wasm")), size(noop));
+    let mut md = format!(
+        "## The filter's own cost\n\nEnvoy with 1 worker pinned to CPU 0, closed-loop load (64 callers) and an instant upstream on CPU 1; Envoy's CPU time (utime + stime from /proc) over {} s, per request; {} rounds, configurations alternating. This VM has no instruction counters and its CPU time is noisy (the same configuration varies by tens of µs between rounds), so the table gives the minimum over rounds (interference only adds time) and the median; differences of a few µs are within the noise. adaptive-hedge runs with `min_delay` = `max_delay` = 1s: every request is armed, budgeted, sampled and settled, but no hedge fires, so this is the filter's own work, not the upstream work of hedges (reported as extra load above).\n\n| configuration | Envoy CPU per request (min) | (median) | requests/s at saturation (median) |\n|---|---|---|---|\n",
+        s.cost_seconds, s.cost_rounds
+    );
+    for (i, (name, _)) in configs.iter().enumerate() {
+        md.push_str(&format!(
+            "| {name} | {:.1} µs | {:.1} µs | {:.0} |\n",
+            cpu[i], cpu_median[i], rps[i]
+        ));
+    }
+    let (none, noop_cpu, router, adaptive) = (cpu[0], cpu[1], cpu[2], cpu[3]);
+    let added = adaptive - noop_cpu;
+    md.push_str(&format!(
+        "\nadaptive-hedge adds {added:.1} µs per request over the do-nothing filter ({:.2}x), {:.1} µs over no filter ({:.2}x). Of that, Envoy's router spends {:.1} µs on any request armed for hedging (static hedging armed, no filter, vs no filter), which adaptive-hedge causes by arming; the filter's own work is about {:.1} µs. Aim: at most 10 µs over the do-nothing filter: {}.\n\nWasm size: adaptive_hedge.wasm {wasm} bytes, noop_filter.wasm {noop_size} bytes.\n\n",
+        adaptive / noop_cpu,
+        adaptive - none,
+        adaptive / none,
+        router - none,
+        added - (router - none),
+        if s.quick { "not evaluated (quick run)" } else if added <= 10.0 { "met" } else { "**missed**" }
+    ));
+    let json = json!({
+        "configurations": configs.iter().enumerate().map(|(i, (n, _))| json!({"name": n, "cpu_us_per_request_min": cpu[i], "cpu_us_per_request_median": cpu_median[i], "rps": rps[i], "rounds": samples[i]})).collect::<Vec<_>>(),
+        "wasm_bytes": wasm, "noop_wasm_bytes": noop_size,
+    });
+    (md, json)
+}
+
+fn cost_once(options: &EnvoyOptions, seconds: f64) -> Result<(f64, f64), String> {
+    let sim = integration_tests::sim::Simulator::start(vec![Latency::fixed_ms(0); 4])
+        .map_err(|e| e.to_string())?;
+    let mut o = EnvoyOptions::new(&options.config, sim.ports())
+        .concurrency(1)
+        .pin_to_cpu(0);
+    o.plugin_config = options.plugin_config.clone();
+    o.edits = options.edits.clone();
+    if let Some(w) = &options.wasm {
+        o = o.wasm(w.clone());
+    }
+    let envoy = Envoy::start(o)?;
+    let client = load::client();
+    let rt = integration_tests::runtime();
+    let url = envoy.url("/");
+    // warm (connections, the filter's window) then measure a fixed time
+    rt.block_on(load::closed_loop(
+        &client,
+        &url,
+        64,
+        2_000,
+        Duration::from_secs(5),
+    ));
+    let cpu0 = envoy.cpu_seconds();
+    let t0 = Instant::now();
+    let done = rt.block_on(async {
+        let deadline = t0 + Duration::from_secs_f64(seconds);
+        let mut n = 0u64;
+        while Instant::now() < deadline {
+            let r = load::closed_loop(&client, &url, 64, 2_000, Duration::from_secs(5)).await;
+            n += r.ok();
+        }
+        n
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = envoy.cpu_seconds() - cpu0;
+    if done == 0 {
+        return Err("no request completed".into());
+    }
+    Ok((cpu / done as f64 * 1e6, done as f64 / wall))
+}
