@@ -257,7 +257,11 @@ fn main() {
                 title,
                 reports
                     .iter()
-                    .map(|r| (r.name.clone(), r.latency[k].ms(0.99), r.extra_load))
+                    .map(|r| Outcome {
+                        configuration: r.name.clone(),
+                        p99_ms: r.latency[k].ms(0.99),
+                        extra_load: r.extra_load,
+                    })
                     .collect(),
             ));
         }
