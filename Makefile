@@ -55,7 +55,7 @@ bench: setup build
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib
 	cargo build --profile e2e -p integration-tests --bin bench
 	./target/e2e/bench
-	$(VENV)/bin/python bench/plot.py results
+	$(VENV)/bin/python bench/plot.py $${BENCH_OUT:-results}
 
 lint:
 	cargo fmt --all -- --check
