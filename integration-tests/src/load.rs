@@ -30,6 +30,33 @@ pub struct Reply {
     pub elapsed: Duration,
 }
 
+impl Reply {
+    /// Reads a whole response; `elapsed` counts from `start`.
+    async fn read(
+        resp: hyper::Response<hyper::body::Incoming>,
+        start: Instant,
+    ) -> Result<Reply, String> {
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).to_string(),
+            elapsed: start.elapsed(),
+        })
+    }
+}
+
 /// One request; `headers` are added as given.
 pub async fn request(
     client: &Client,
@@ -46,24 +73,7 @@ pub async fn request(
         .map_err(|e| e.to_string())?;
     let start = Instant::now();
     let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
-    let status = resp.status().as_u16();
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-        .collect();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok(Reply {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).to_string(),
-        elapsed: start.elapsed(),
-    })
+    Reply::read(resp, start).await
 }
 
 /// Requests completed by every load run of this process (for progress lines).
@@ -290,23 +300,6 @@ impl Connection {
             .send_request(req)
             .await
             .map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-            .collect();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok(Reply {
-            status,
-            headers,
-            body: String::from_utf8_lossy(&body).to_string(),
-            elapsed: start.elapsed(),
-        })
+        Reply::read(resp, start).await
     }
 }

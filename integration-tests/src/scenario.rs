@@ -346,11 +346,16 @@ fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
 
 /// A markdown table of reports (their first target).
 pub fn table<'a>(reports: impl IntoIterator<Item = &'a Report>) -> String {
+    target_table(reports, 0)
+}
+
+/// A markdown table of reports, for target `k` of their plan.
+pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize) -> String {
     let mut out = String::from(
         "| configuration | p50 | p90 | p95 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
-        let l = r.main();
+        let Some(l) = r.latency.get(k) else { continue };
         out.push_str(&format!(
             "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
             r.name,
@@ -362,7 +367,7 @@ pub fn table<'a>(reports: impl IntoIterator<Item = &'a Report>) -> String {
             r.extra_load * 100.0,
             r.hedges_sent,
             r.learned_delay_ms
-                .first()
+                .get(k)
                 .copied()
                 .flatten()
                 .map_or("-".into(), |d| format!("{d:.1} ms")),

@@ -5,7 +5,8 @@
 //! `bench/plot.py`) PNG charts.
 //!
 //! `BENCH_QUICK=1`: small counts, fewer configurations, no conclusions (a
-//! smoke run for CI).
+//! smoke run for CI). `BENCH_ONLY=virtual` (seconds) or `BENCH_ONLY=cost`:
+//! just that section, printed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -208,10 +209,11 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     ));
 
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("cost") {
-        let (cost_md, _) = cost_section(&s, &progress);
-        println!("{cost_md}");
-        return;
+    // BENCH_ONLY=cost | virtual: one section, printed (no files written)
+    match std::env::var("BENCH_ONLY").as_deref() {
+        Ok("cost") => return println!("{}", cost_section(&s, &progress).0),
+        Ok("virtual") => return println!("{}", virtual_section(&s).0),
+        _ => {}
     }
 
     // 1. the policy in virtual time
@@ -252,7 +254,10 @@ fn main() {
             } else {
                 name.to_string()
             };
-            md.push_str(&format!("### {title}\n\n{}\n", target_table(&reports, k)));
+            md.push_str(&format!(
+                "### {title}\n\n{}\n",
+                scenario::target_table(&reports, k)
+            ));
             scenario_results.push((
                 title,
                 reports
@@ -318,32 +323,6 @@ fn envoy_version() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn target_table(reports: &[Report], k: usize) -> String {
-    let mut t = String::from(
-        "| configuration | p50 | p90 | p95 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in reports {
-        let l = &r.latency[k];
-        t.push_str(&format!(
-            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
-            r.name,
-            l.ms(0.5),
-            l.ms(0.9),
-            l.ms(0.95),
-            l.ms(0.99),
-            l.ms(0.999),
-            r.extra_load * 100.0,
-            r.hedges_sent,
-            r.learned_delay_ms
-                .get(k)
-                .copied()
-                .flatten()
-                .map_or("-".into(), |d| format!("{d:.1} ms")),
-        ));
-    }
-    t
-}
-
 /// The reference workload in its closed-loop form (20 callers, 50,000
 /// requests), as published for the in-process library.
 fn closed_loop_section(
@@ -377,7 +356,7 @@ fn closed_loop_section(
     format!(
         "### steady, closed loop (20 callers, {} requests)\n\nThe published in-process form. On 2 cores the 20 callers saturate the CPUs that the client, Envoy and the hosts share, so queueing adds to every configuration.\n\n{}\n",
         s.closed_requests,
-        target_table(&reports, 0)
+        scenario::target_table(&reports, 0)
     )
 }
 
