@@ -25,18 +25,26 @@ fn steady() -> Latency {
     }
 }
 
-/// After warm-up, a request whose first attempt the upstream holds for 1 s is
-/// answered by a hedge near the learned delay; the upstream saw exactly two
-/// attempts and the loser was cancelled.
-#[test]
-fn slow_first_attempt_is_raced_by_a_hedge() {
+/// Three steady hosts and Envoy with the filter (roomy budget), after 400
+/// warm-up requests: the filter has learned the delay.
+fn warmed_up() -> (Simulator, Envoy, load::Client, tokio::runtime::Runtime) {
     let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
     let envoy =
         Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
             .unwrap();
     let client = load::client();
-    runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 400, 4).await;
+    let rt = runtime();
+    rt.block_on(common::warm_up(&client, &envoy, "/", 400, 4));
+    (sim, envoy, client, rt)
+}
+
+/// After warm-up, a request whose first attempt the upstream holds for 1 s is
+/// answered by a hedge near the learned delay; the upstream saw exactly two
+/// attempts and the loser was cancelled.
+#[test]
+fn slow_first_attempt_is_raced_by_a_hedge() {
+    let (sim, envoy, client, rt) = warmed_up();
+    rt.block_on(async {
         let delay = common::learned_delay_ms(&envoy, "backend");
         assert!(
             (4.0..=20.0).contains(&delay),
@@ -82,13 +90,8 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
 /// A POST (or PUT, PATCH, DELETE) held the same way is never duplicated.
 #[test]
 fn non_idempotent_methods_are_never_duplicated() {
-    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
-    let envoy =
-        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
-            .unwrap();
-    let client = load::client();
-    runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 400, 4).await;
+    let (sim, envoy, client, rt) = warmed_up();
+    rt.block_on(async {
         for method in ["POST", "PUT", "PATCH", "DELETE"] {
             sim.reset_counts();
             let reply = request(
@@ -189,13 +192,8 @@ fn trusted_client_headers_are_obeyed() {
 /// first attempt whose headers arrive). The simulator's streaming mode works.
 #[test]
 fn streamed_responses_with_early_headers_are_not_hedged() {
-    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
-    let envoy =
-        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(ROOMY_BUDGET))
-            .unwrap();
-    let client = load::client();
-    runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 400, 4).await;
+    let (sim, envoy, client, rt) = warmed_up();
+    rt.block_on(async {
         sim.reset_counts();
         let headers = [
             ("x-sim-stream", "3"),
