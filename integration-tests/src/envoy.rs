@@ -402,10 +402,6 @@ impl Envoy {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         ticks / hz.max(1.0)
     }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
 }
 
 impl Drop for Envoy {

@@ -4,7 +4,6 @@
 //! timeline of the learned delay and hedge rate. Used by the tail test,
 //! `make demo` and `make bench`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -374,18 +373,4 @@ pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize)
         ));
     }
     out
-}
-
-/// Percentiles of a result as a JSON-friendly map (ms).
-pub fn percentiles(l: &LoadResult) -> HashMap<&'static str, f64> {
-    [
-        ("p50", 0.5),
-        ("p90", 0.9),
-        ("p95", 0.95),
-        ("p99", 0.99),
-        ("p999", 0.999),
-    ]
-    .into_iter()
-    .map(|(k, q)| (k, l.ms(q)))
-    .collect()
 }

@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -474,9 +473,4 @@ fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Body> {
         }
         _ => reply(404, "unknown\n".into()),
     }
-}
-
-/// Address helper.
-pub fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
 }

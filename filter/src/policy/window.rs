@@ -29,10 +29,6 @@ impl WindowGeometry {
     pub fn epoch(&self, now_ms: u64) -> u64 {
         now_ms / self.slice_ms
     }
-
-    pub fn window_ms(&self) -> u64 {
-        self.slice_ms * SLICES as u64
-    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -134,10 +134,6 @@ impl ClusterState {
             samples_this_tick: 0,
         }
     }
-
-    fn has_unsynced(&self) -> bool {
-        !self.samples.is_empty() || self.requests_unsynced > 0 || self.sent_unsynced > 0
-    }
 }
 
 /// Worker-wide counts since the last flush, in `GLOBAL_COUNTERS` order.
@@ -413,9 +409,12 @@ impl Worker {
             budget.rebalance(&mut shared.pool, state.policy.burst_micro());
             shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
             shared.hedges_sent_total = shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
-            let written = if shared != before || cas == 0 {
+            // Write only if something changed (or the key is new). An
+            // unchanged value means nothing local was pending: samples,
+            // requests and sent hedges each change it.
+            if shared != before || cas == 0 {
                 match store.set(&key, &shared.encode(), cas) {
-                    Ok(()) => true,
+                    Ok(()) => {}
                     Err(StoreError::CasMismatch) => {
                         self.global.0[CONFLICTS] += 1;
                         continue;
@@ -425,15 +424,11 @@ impl Worker {
                         return;
                     }
                 }
-            } else {
-                !state.has_unsynced()
-            };
-            if written {
-                state.samples.clear();
-                state.requests_unsynced = 0;
-                state.sent_unsynced = 0;
-                state.budget = budget;
             }
+            state.samples.clear();
+            state.requests_unsynced = 0;
+            state.sent_unsynced = 0;
+            state.budget = budget;
             let window = shared.window.snapshot(now_ms);
             state.window_samples = window.count();
             // the current slice and the one before: one to two slices of samples
