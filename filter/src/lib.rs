@@ -3,9 +3,12 @@
 //!
 //! - [`policy`]: the logic (config, sketch, window, budget, decision, shared
 //!   state encoding, per-worker state). Plain Rust, no host calls.
+//! - [`header_pairs`]: reads the request headers from the host's one-call
+//!   serialisation (plain Rust, fuzzed).
 //! - `proxy` (wasm32 only): the thin glue: root context, HTTP context, and a
 //!   host adapter that turns every host status into a value, never a panic.
 
+pub mod header_pairs;
 pub mod policy;
 
 #[cfg(target_arch = "wasm32")]

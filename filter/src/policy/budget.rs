@@ -5,36 +5,51 @@
 //! Per request (worker-local, no shared memory):
 //! - every request to the cluster earns `share` tokens (0.1 for a 10% budget),
 //!   while the worker holds less than `burst` free tokens;
-//! - arming a request reserves one token per hedge it may send;
-//! - when the request ends, the tokens of hedges that were not sent are given
-//!   back (most armed requests finish before their delay).
+//! - arming sets aside the hedge's expected cost (`set_aside`: 0.08 of a
+//!   token when the delay is the p92), not a whole token: most armed requests
+//!   finish before their delay;
+//! - when the request ends, the set-aside comes back and each hedge really
+//!   sent is paid in full. The balance may go below zero (a debt); arming
+//!   waits until the cluster's own traffic has repaid it.
 //!
-//! Reserving at arm time is what makes the cap hold during an outage: a
-//! request can only send a hedge it already paid for. Refunds are not capped,
-//! so the tokens held by requests in flight float on top of `burst` and a busy
-//! cluster is not starved by its own reservations.
+//! The limit on arming: even if every armed request in flight hedged (a VM
+//! stall or an outage makes them all outlive the delay), the debt must stay
+//! within one `burst`. So a worker holding `burst` tokens can have about
+//! 2 x `burst` requests armed at once. Setting aside a whole token instead
+//! would cap them at `burst`, and a burst of arrivals (a client that stalled
+//! and catches up) then had hedges refused on random requests, stragglers
+//! included, while the budget itself was far from spent.
 //!
 //! Across workers (on the sync tick): a worker above `burst` free tokens
 //! deposits the surplus into the cluster's shared pool (itself capped at
-//! `burst`), and a worker below `burst` withdraws from it. So tokens earned on
-//! one worker can pay for hedges on another, and over any period
+//! `burst`), and a worker below `burst` withdraws from it (a worker in debt
+//! repays from it). So tokens earned on one worker pay for hedges on another,
+//! and over any period
 //!     extra attempts <= share * requests + (workers + 1) * burst
-//!                       + tokens reserved by requests in flight at its start.
+//!                       + workers * burst (the most debt left at its end)
 
 /// Token amounts are kept in millionths of a token, so that ten requests at
 /// a 10% share earn exactly one token (no floating-point drift).
 pub const MICROS_PER_TOKEN: u64 = 1_000_000;
+const TOKEN: i64 = MICROS_PER_TOKEN as i64;
 
 /// Converts a fraction of a token (0.1) or a token count (10.0) to micro-tokens.
 pub fn micro_tokens(tokens: f64) -> u64 {
     (tokens * MICROS_PER_TOKEN as f64).round() as u64
 }
 
+fn signed(micros: u64) -> i64 {
+    i64::try_from(micros).unwrap_or(i64::MAX)
+}
+
 /// One worker's tokens for one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalBudget {
-    /// Free micro-tokens.
-    free: u64,
+    /// Free micro-tokens; negative while hedges sent are being repaid.
+    free: i64,
+    /// What the armed requests in flight would cost beyond their set-asides
+    /// if every one of them hedged.
+    exposure: i64,
 }
 
 impl LocalBudget {
@@ -44,35 +59,58 @@ impl LocalBudget {
 
     /// A request arrived for the cluster (`share` and `burst` in micro-tokens).
     pub fn earn(&mut self, share: u64, burst: u64) {
+        let burst = signed(burst);
         if self.free < burst {
-            self.free = (self.free + share).min(burst);
+            self.free = self.free.saturating_add(signed(share)).min(burst);
         }
     }
 
-    /// Reserves up to `wanted` whole tokens; returns how many.
-    pub fn reserve(&mut self, wanted: u32) -> u32 {
-        let available = self.free / MICROS_PER_TOKEN;
-        let n = available.min(u64::from(wanted)) as u32;
-        self.free -= u64::from(n) * MICROS_PER_TOKEN;
-        n
+    /// Arms up to `wanted` hedges: as many as there are whole free tokens,
+    /// and as keep the worst-case debt within `burst`. Sets aside
+    /// `set_aside` micro-tokens for each; returns how many.
+    pub fn reserve(&mut self, wanted: u32, set_aside: u64, burst: u64) -> u32 {
+        let headroom = self
+            .free
+            .saturating_sub(self.exposure)
+            .saturating_add(signed(burst));
+        // a whole free token per hedge, and the worst case within a burst
+        let n = (headroom / TOKEN)
+            .min(self.free / TOKEN)
+            .clamp(0, i64::from(wanted));
+        let set_aside = signed(set_aside).min(TOKEN);
+        self.free = self.free.saturating_sub(n.saturating_mul(set_aside));
+        self.exposure = self
+            .exposure
+            .saturating_add(n.saturating_mul(TOKEN - set_aside));
+        n as u32
     }
 
-    /// The request ended having sent `sent` extra attempts out of `reserved`.
-    pub fn settle(&mut self, reserved: u32, sent: u32) {
-        let refund = u64::from(reserved.saturating_sub(sent));
-        self.free = self.free.saturating_add(refund * MICROS_PER_TOKEN);
+    /// The request armed with `reserved` hedges ended having sent `sent`.
+    pub fn settle(&mut self, reserved: u32, sent: u32, set_aside: u64) {
+        let set_aside = signed(set_aside).min(TOKEN);
+        let reserved = i64::from(reserved);
+        let paid = i64::from(sent).saturating_mul(TOKEN);
+        self.free = self
+            .free
+            .saturating_add(reserved.saturating_mul(set_aside))
+            .saturating_sub(paid);
+        self.exposure = self
+            .exposure
+            .saturating_sub(reserved.saturating_mul(TOKEN - set_aside))
+            .max(0);
     }
 
     /// Balances this worker's tokens against the cluster's shared pool
     /// (micro-tokens); neither side keeps more than `burst` after it.
     pub fn rebalance(&mut self, pool: &mut u64, burst: u64) {
-        if self.free > burst {
-            *pool = pool.saturating_add(self.free - burst);
-            self.free = burst;
+        let cap = signed(burst);
+        if self.free > cap {
+            *pool = pool.saturating_add(self.free.abs_diff(cap));
+            self.free = cap;
         } else {
-            let take = (burst - self.free).min(*pool);
+            let take = self.free.abs_diff(cap).min(*pool);
             *pool -= take;
-            self.free += take;
+            self.free = self.free.saturating_add(signed(take));
         }
         *pool = (*pool).min(burst);
     }
@@ -84,6 +122,7 @@ mod tests {
 
     const SHARE: u64 = 100_000; // 10%
     const BURST: u64 = 10 * MICROS_PER_TOKEN;
+    const ASIDE: u64 = 80_000; // the delay is the p92
 
     #[test]
     fn earns_a_share_of_requests_up_to_burst() {
@@ -99,58 +138,75 @@ mod tests {
     }
 
     #[test]
-    fn reserve_takes_whole_tokens_only() {
+    fn arming_keeps_the_worst_case_debt_within_one_burst() {
         let mut b = LocalBudget::default();
-        for _ in 0..15 {
+        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "no free token, no hedge");
+        for _ in 0..200 {
             b.earn(SHARE, BURST);
         }
-        assert_eq!(b.reserve(2), 1);
-        assert_eq!(b.reserve(1), 0);
+        let armed: u32 = (0..100).map(|_| b.reserve(1, ASIDE, BURST)).sum();
+        assert_eq!(armed, 20);
+        for _ in 0..armed {
+            b.settle(1, 1, ASIDE); // a stall: every one of them hedged
+        }
+        assert!((b.free_tokens() + 10.0).abs() < 1e-9, "{}", b.free_tokens());
+        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "in debt");
+        for _ in 0..105 {
+            b.earn(SHARE, BURST);
+        }
+        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "repaid, 0.5 free");
+        for _ in 0..5 {
+            b.earn(SHARE, BURST);
+        }
+        assert_eq!(b.reserve(3, ASIDE, BURST), 1, "one token free: one hedge");
     }
 
     #[test]
-    fn refunded_token_is_reusable() {
-        let mut b = LocalBudget::default();
-        for _ in 0..10 {
-            b.earn(SHARE, BURST);
-        }
-        assert_eq!(b.reserve(1), 1);
-        assert_eq!(b.reserve(1), 0, "the only token is reserved");
-        b.settle(1, 0); // the request finished before its delay: no hedge sent
-        assert_eq!(
-            b.reserve(1),
-            1,
-            "the refunded token pays for the next hedge"
-        );
-        b.settle(1, 1); // this one was sent: no refund
-        assert_eq!(b.reserve(1), 0);
-    }
-
-    #[test]
-    fn refunds_float_above_burst() {
+    fn a_full_budget_arms_two_bursts_of_requests_at_once() {
         let mut b = LocalBudget::default();
         for _ in 0..200 {
             b.earn(SHARE, BURST);
         }
-        assert_eq!(b.reserve(1), 1);
-        for _ in 0..20 {
-            b.earn(SHARE, BURST); // back at the cap while one token is out
+        // a client that stalled catches up: 30 requests at once
+        let armed: u32 = (0..30).map(|_| b.reserve(1, ASIDE, BURST)).sum();
+        assert_eq!(armed, 20);
+        // they end; 3 of them hedged: the budget is 10 - 3 tokens
+        for i in 0..armed {
+            b.settle(1, u32::from(i < 3), ASIDE);
         }
-        b.settle(1, 0);
-        assert_eq!(b.free_tokens(), 11.0);
+        assert!((b.free_tokens() - 7.0).abs() < 1e-9, "{}", b.free_tokens());
+        assert_eq!(b.exposure, 0);
     }
 
     #[test]
     fn rebalance_moves_surplus_through_the_pool() {
-        const T: u64 = MICROS_PER_TOKEN;
-        let (mut rich, mut poor, mut pool) =
-            (LocalBudget { free: 14 * T }, LocalBudget::default(), 0);
+        const T: i64 = TOKEN;
+        const U: u64 = MICROS_PER_TOKEN;
+        let (mut rich, mut poor, mut pool) = (
+            LocalBudget {
+                free: 14 * T,
+                exposure: 0,
+            },
+            LocalBudget::default(),
+            0,
+        );
         rich.rebalance(&mut pool, BURST);
-        assert_eq!((rich.free, pool), (10 * T, 4 * T));
+        assert_eq!((rich.free, pool), (10 * T, 4 * U));
         poor.rebalance(&mut pool, BURST);
         assert_eq!((poor.free, pool), (4 * T, 0));
+        // a worker in debt repays from the pool
+        let mut pool = 5 * U;
+        let mut owing = LocalBudget {
+            free: -3 * T,
+            exposure: 0,
+        };
+        owing.rebalance(&mut pool, BURST);
+        assert_eq!((owing.free, pool), (2 * T, 0));
         // the pool never holds more than one burst
-        let mut flush = LocalBudget { free: 50 * T };
+        let mut flush = LocalBudget {
+            free: 50 * T,
+            exposure: 0,
+        };
         flush.rebalance(&mut pool, BURST);
         assert_eq!(pool, BURST);
     }
@@ -158,7 +214,7 @@ mod tests {
     /// A simulated 60 s outage at 1000 req/s, every request slower than the
     /// delay: each armed request sends its hedge. Two workers share the pool.
     #[test]
-    fn outage_stays_within_budget_plus_burst() {
+    fn outage_stays_within_budget_plus_burst_plus_requests_in_flight() {
         let (share, burst) = (SHARE, BURST);
         let mut workers = [LocalBudget::default(), LocalBudget::default()];
         let mut pool = 0;
@@ -166,8 +222,8 @@ mod tests {
         for i in 0..60_000u64 {
             let w = &mut workers[(i % 2) as usize];
             w.earn(share, burst);
-            let r = w.reserve(1);
-            w.settle(r, 0);
+            let r = w.reserve(1, ASIDE, burst);
+            w.settle(r, 0, ASIDE);
             if i % 200 == 0 {
                 for w in workers.iter_mut() {
                     w.rebalance(&mut pool, burst);
@@ -175,18 +231,19 @@ mod tests {
             }
         }
         // the outage: 60,000 requests, each lasting 100 ms (100 in flight)
+        let in_flight_max = 100;
         let mut in_flight: std::collections::VecDeque<(usize, u32)> = Default::default();
         let mut hedges = 0u64;
         let requests = 60_000u64;
         for i in 0..requests {
             let wi = (i % 2) as usize;
             workers[wi].earn(share, burst);
-            let r = workers[wi].reserve(1);
+            let r = workers[wi].reserve(1, ASIDE, burst);
             in_flight.push_back((wi, r));
-            if in_flight.len() > 100 {
+            if in_flight.len() > in_flight_max {
                 let (wj, r) = in_flight.pop_front().unwrap();
-                hedges += u64::from(r); // slow: every reserved hedge is sent
-                workers[wj].settle(r, r);
+                hedges += u64::from(r); // slow: every armed request hedges
+                workers[wj].settle(r, r, ASIDE);
             }
             if i % 200 == 0 {
                 for w in workers.iter_mut() {
@@ -195,8 +252,9 @@ mod tests {
             }
         }
         hedges += in_flight.iter().map(|&(_, r)| u64::from(r)).sum::<u64>();
-        // budget: 10% of 60,000 requests; burst: one per worker plus the pool
-        let bound = requests / 10 + 3 * 10;
+        // budget: 10% of 60,000 requests; burst: one per worker plus the
+        // pool; and at most a burst of debt per worker
+        let bound = requests / 10 + 3 * 10 + 2 * 10;
         assert!(hedges <= bound, "{hedges} hedges > {bound}");
         // and the budget is really used, not starved
         assert!(hedges >= requests / 10 * 95 / 100, "{hedges} hedges");

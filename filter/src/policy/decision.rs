@@ -6,12 +6,13 @@
 //!   It is computed on the sync tick (`hedge_delay`), never per request.
 //! - A request is armed (`decide`) only if the cluster is not disabled, the
 //!   method is one that is safe to repeat, the window holds `min_samples`
-//!   samples from all workers, and the budget has a token for the hedge.
+//!   samples from all workers, and the budget can pay for the hedge even if
+//!   every armed request in flight hedges (see `budget`).
 //! - Arming = Envoy's router headers; Envoy itself races the attempts.
 
 use std::time::Duration;
 
-use super::budget::LocalBudget;
+use super::budget::{micro_tokens, LocalBudget};
 use super::config::ClusterPolicy;
 use super::sketch::Sketch;
 
@@ -40,9 +41,10 @@ pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch, recent: &Sketch) -> 
     if window.count() < policy.min_samples {
         return None;
     }
-    let mut quantile_us = window.quantile(policy.percentile)?;
+    let trigger = trigger_quantile(policy);
+    let mut quantile_us = window.quantile(trigger)?;
     if recent.count() >= policy.min_samples {
-        if let Some(recent_us) = recent.quantile(policy.percentile) {
+        if let Some(recent_us) = recent.quantile(trigger) {
             quantile_us = quantile_us.max(recent_us);
         }
     }
@@ -57,6 +59,32 @@ pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch, recent: &Sketch) -> 
         delay_us,
         per_try_timeout_ms,
     })
+}
+
+/// Of the budget, the share the delay plans to spend (see `trigger_quantile`).
+pub const PLANNED_BUDGET_SHARE: f64 = 0.8;
+
+/// The quantile the delay is taken at: `percentile`, or higher when the
+/// budget cannot pay for that many hedges. Why: hedging after the p90 plans a
+/// hedge for 10% of requests; with a 10% budget, demand and supply are equal,
+/// the token balance random-walks to zero under ordinary noise, and the
+/// refusals then fall on random requests, stragglers included (on real Envoy
+/// this cost more p99 than a static delay at the same load). Planning to
+/// spend at most 80% of the budget keeps refusals rare: with the defaults
+/// (p90, 10%) the delay is the p92.
+pub fn trigger_quantile(policy: &ClusterPolicy) -> f64 {
+    let affordable = 1.0 - PLANNED_BUDGET_SHARE * policy.budget_share;
+    policy.percentile.max(affordable).min(1.0)
+}
+
+/// The least an armed request sets aside (a twentieth of a token), for
+/// very high percentiles.
+const MIN_SET_ASIDE: f64 = 0.05;
+
+/// What an armed request sets aside per hedge, in micro-tokens: the share of
+/// requests expected to outlive the delay (see `budget`).
+pub fn hedge_set_aside(policy: &ClusterPolicy) -> u64 {
+    micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE))
 }
 
 /// What to do with one request.
@@ -135,7 +163,11 @@ pub fn decide(
     let Some(delay) = delay else {
         return Decision::Skip(Skip::WarmingUp);
     };
-    match budget.reserve(policy.max_hedges) {
+    match budget.reserve(
+        policy.max_hedges,
+        hedge_set_aside(policy),
+        policy.burst_micro(),
+    ) {
         0 => Decision::Skip(Skip::BudgetExhausted),
         hedges => Decision::Arm(Hedge {
             per_try_timeout_ms: delay.per_try_timeout_ms,
@@ -164,10 +196,14 @@ mod tests {
         b
     }
 
+    /// A budget that affords the configured percentile as it is.
+    const ROOMY: f64 = 0.5;
+
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
         let policy = ClusterPolicy {
             min_samples: 10,
+            budget_share: ROOMY,
             ..Default::default()
         };
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
@@ -177,6 +213,7 @@ mod tests {
 
         let tight = ClusterPolicy {
             min_samples: 10,
+            budget_share: ROOMY,
             max_delay: Duration::from_millis(3),
             ..Default::default()
         };
@@ -188,6 +225,7 @@ mod tests {
         );
         let floor = ClusterPolicy {
             min_samples: 10,
+            budget_share: ROOMY,
             min_delay: Duration::from_millis(20),
             ..Default::default()
         };
@@ -203,6 +241,7 @@ mod tests {
     fn recent_slices_raise_the_delay_but_never_lower_it() {
         let policy = ClusterPolicy {
             min_samples: 50,
+            budget_share: ROOMY,
             ..Default::default()
         };
         let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p90 9 ms
@@ -228,6 +267,33 @@ mod tests {
             .unwrap()
             .delay_us as f64;
         assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
+    }
+
+    #[test]
+    fn the_delay_plans_to_spend_at_most_80_percent_of_the_budget() {
+        let at = |percentile, budget_share| {
+            trigger_quantile(&ClusterPolicy {
+                percentile,
+                budget_share,
+                ..Default::default()
+            })
+        };
+        // p90 with a 10% budget would plan to spend all of it: p92.
+        assert!((at(0.9, 0.10) - 0.92).abs() < 1e-9);
+        assert!((at(0.9, 0.05) - 0.96).abs() < 1e-9);
+        // A budget that affords the percentile leaves it alone.
+        assert!((at(0.95, 0.10) - 0.95).abs() < 1e-9);
+        assert!((at(0.9, 0.5) - 0.9).abs() < 1e-9);
+        assert!((at(0.5, 0.0) - 1.0).abs() < 1e-9);
+
+        // Defaults, 0.1..10 ms uniform: the delay is the p92.
+        let policy = ClusterPolicy {
+            min_samples: 10,
+            ..Default::default()
+        };
+        let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
+        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
+        assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
     }
 
     #[test]

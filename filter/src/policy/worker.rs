@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
-use super::decision::{decide, hedge_delay, Decision, HedgeDelay, Skip};
+use super::decision::{decide, hedge_delay, hedge_set_aside, Decision, HedgeDelay, Skip};
 use super::shared_state::{
     cluster_key, Registry, SharedCluster, SharedStore, StoreError, MAX_CLUSTER_NAME, REGISTRY_KEY,
 };
@@ -260,7 +260,9 @@ impl Worker {
             None => u64::from(reserved),
         };
         let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
-        state.budget.settle(reserved, sent);
+        state
+            .budget
+            .settle(reserved, sent, hedge_set_aside(&state.policy));
         state.counters.hedges_sent += extra;
         state.sent_unsynced += extra;
     }

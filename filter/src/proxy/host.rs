@@ -34,12 +34,10 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
-    fn proxy_get_header_map_value(
+    fn proxy_get_header_map_pairs(
         map_type: u32,
-        key_data: *const u8,
-        key_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
     ) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
@@ -138,18 +136,12 @@ pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, HostStatus> 
     }
 }
 
-pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+/// Every request header in one buffer (the ABI's pairs serialisation, read
+/// by `header_pairs::scan`): one host call instead of one per name.
+pub fn request_header_pairs() -> Result<Option<Vec<u8>>, HostStatus> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: as above.
-    match unsafe {
-        proxy_get_header_map_value(
-            MAP_REQUEST_HEADERS,
-            name.as_ptr(),
-            name.len(),
-            &mut data,
-            &mut size,
-        )
-    } {
+    match unsafe { proxy_get_header_map_pairs(MAP_REQUEST_HEADERS, &mut data, &mut size) } {
         // SAFETY: host-allocated buffer of `size` bytes.
         OK => Ok(unsafe { take_host_buffer(data, size) }),
         NOT_FOUND => Ok(None),

@@ -10,6 +10,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::host;
+use crate::header_pairs::scan;
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{Decision, Hedge, Skip};
 use crate::policy::worker::{ClusterId, Worker};
@@ -153,22 +154,37 @@ fn strip_control_headers() {
     }
 }
 
-fn client_sent_control_headers() -> bool {
-    CONTROL_HEADERS
-        .iter()
-        .any(|name| matches!(host::request_header(name), Ok(Some(_))))
+/// The request's method and whether it carries any control header, in one
+/// host call. If the headers cannot be read, the method is unknown (so the
+/// request is not armed) and control headers are assumed present (so they
+/// are stripped): the safe side of both.
+fn read_request() -> (Vec<u8>, bool) {
+    let pairs = host::request_header_pairs().ok().flatten();
+    match pairs.as_deref().and_then(|b| scan(b, &CONTROL_HEADERS)) {
+        Some(h) => (h.method.to_vec(), h.has_any),
+        None => (Vec::new(), true),
+    }
 }
 
 impl Context for HedgeHttp {}
 
 impl HttpContext for HedgeHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let (method, client_set_controls) = read_request();
+        // Clients never switch hedging on by themselves: Envoy strips their
+        // x-envoy-* headers unless it trusts them as internal; this covers
+        // the trusted case. Stripping only when present saves five calls.
+        let strip = || {
+            if client_set_controls {
+                strip_control_headers();
+            }
+        };
         let Some(worker) = self.worker.clone() else {
-            strip_control_headers();
+            strip();
             return Action::Continue;
         };
         let cluster = host::property(CLUSTER_NAME).ok().flatten();
-        if self.trust_client_headers && client_sent_control_headers() {
+        if self.trust_client_headers && client_set_controls {
             // The operator trusts clients and this one chose for itself.
             if let Ok(mut w) = worker.try_borrow_mut() {
                 w.on_client_controlled(cluster.as_deref());
@@ -176,12 +192,8 @@ impl HttpContext for HedgeHttp {
             self.decision = Some(Decision::Skip(Skip::ClientControlled));
             return Action::Continue;
         }
-        let method = host::request_header(":method")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
         let Ok(mut w) = worker.try_borrow_mut() else {
-            strip_control_headers();
+            strip();
             return Action::Continue;
         };
         let (id, decision) = w.on_request(cluster.as_deref(), &method);
@@ -203,7 +215,7 @@ impl HttpContext for HedgeHttp {
                     w.on_complete(id, hedge.hedges, Some(1)); // not armed: give the tokens back
                 }
             }
-            _ => strip_control_headers(),
+            _ => strip(),
         }
         Action::Continue
     }

@@ -6,7 +6,8 @@
 //!
 //! `BENCH_QUICK=1`: small counts, fewer configurations, no conclusions (a
 //! smoke run for CI). `BENCH_ONLY=virtual` (seconds) or `BENCH_ONLY=cost`:
-//! just that section, printed.
+//! just that section, printed. `BENCH_SCENARIOS=steady,shift`: only the
+//! real-Envoy scenarios whose names start so (no closed loop, no cost).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -228,7 +229,17 @@ fn main() {
         s.rate, s.requests, s.warmup
     ));
     let mut scenario_results: Vec<ScenarioOutcomes> = Vec::new();
+    // BENCH_SCENARIOS=steady,shift: only the scenarios whose names start so.
+    let only: Option<Vec<String>> = std::env::var("BENCH_SCENARIOS")
+        .ok()
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
     for (name, plan) in plans(&s) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
+        {
+            continue;
+        }
         println!("scenario: {name}");
         let mut reports = Vec::new();
         for proxy in proxies(&s) {
@@ -271,14 +282,18 @@ fn main() {
             ));
         }
     }
-    if !s.quick {
+    if !s.quick && only.is_none() {
         md.push_str(&closed_loop_section(&s, &progress, &mut json_runs));
     }
     md.push_str(&aims_section(&scenario_results, s.quick));
 
     // 3. the filter's own cost
     println!("[3/3] the filter's own cost (1 worker pinned to CPU 0, load on CPU 1)");
-    let (cost_md, cost_json) = cost_section(&s, &progress);
+    let (cost_md, cost_json) = if only.is_none() {
+        cost_section(&s, &progress)
+    } else {
+        (String::new(), json!(null))
+    };
     md.push_str(&cost_md);
 
     md.push_str(&format!(

@@ -52,6 +52,10 @@ fn main() {
                     envoy.assert_no_vm_failure();
                     if std::env::var_os("DEMO_VERBOSE").is_some() {
                         println!("  {}", envoy.filter_stats("backend"));
+                        for stat in ["upstream_rq_retry", "upstream_rq_retry_overflow"] {
+                            let name = format!("cluster.backend.{stat}");
+                            println!("  {name}: {:?}", envoy.stat(&name));
+                        }
                     }
                 }
                 println!("  {}", report.main().summary());

@@ -1,0 +1,130 @@
+//! Reads the request headers from one `proxy_get_header_map_pairs` answer.
+//!
+//! Why one call: the filter needs `:method` and whether any router control
+//! header is present. Asking for each by name costs a host round trip per
+//! name (six on a request that is not armed), and each costs microseconds.
+//! The whole map in one buffer costs one.
+//!
+//! The proxy-wasm ABI serialises a header map as: a u32 count `n`, then `n`
+//! pairs of u32 lengths (name, value), then each name and value followed by a
+//! NUL byte; integers little-endian. The buffer comes from the host: it is
+//! parsed defensively (a malformed buffer is `None`, never a panic).
+
+/// What the filter reads from the request headers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestHeaders<'a> {
+    pub method: &'a [u8],
+    /// Whether any header in `names` (lower-case) is present.
+    pub has_any: bool,
+}
+
+fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
+    let bytes: [u8; 4] = buf.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    usize::try_from(u32::from_le_bytes(bytes)).ok()
+}
+
+/// Scans a serialised header map for `:method` and for any of `names`.
+/// Header names in Envoy's maps are lower-case already.
+pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
+    let count = u32_at(buf, 0)?;
+    // Each pair needs 8 bytes of lengths and 2 NULs: reject absurd counts
+    // before doing arithmetic with them.
+    if count > buf.len() / 10 {
+        return None;
+    }
+    let mut data = 4usize.checked_add(count.checked_mul(8)?)?;
+    let mut found = RequestHeaders::default();
+    for i in 0..count {
+        let lengths = 4 + i * 8;
+        let (name_len, value_len) = (u32_at(buf, lengths)?, u32_at(buf, lengths + 4)?);
+        let name = buf.get(data..data.checked_add(name_len)?)?;
+        data = data.checked_add(name_len)?.checked_add(1)?;
+        let value = buf.get(data..data.checked_add(value_len)?)?;
+        data = data.checked_add(value_len)?.checked_add(1)?;
+        if name == b":method" {
+            found.method = value;
+        } else if !found.has_any && names.iter().any(|n| n.as_bytes() == name) {
+            found.has_any = true;
+        }
+    }
+    // The last value's NUL must be inside the buffer too.
+    (data <= buf.len()).then_some(found)
+}
+
+/// Serialises pairs the way the host does (tests and fuzzing seeds).
+pub fn serialise(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (name, value) in pairs {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in pairs {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTROL: [&str; 2] = ["x-envoy-max-retries", "x-envoy-retry-on"];
+
+    #[test]
+    fn finds_the_method_and_control_headers() {
+        let buf = serialise(&[
+            (":authority", "example"),
+            (":path", "/"),
+            (":method", "GET"),
+            ("x-envoy-retry-on", "5xx"),
+        ]);
+        let h = scan(&buf, &CONTROL).unwrap();
+        assert_eq!(h.method, b"GET");
+        assert!(h.has_any);
+
+        let buf = serialise(&[(":method", "POST"), ("x-request-id", "1")]);
+        let h = scan(&buf, &CONTROL).unwrap();
+        assert_eq!(h.method, b"POST");
+        assert!(!h.has_any);
+
+        let empty = serialise(&[]);
+        let h = scan(&empty, &CONTROL).unwrap();
+        assert_eq!(h, RequestHeaders::default());
+    }
+
+    #[test]
+    fn values_may_hold_anything_but_names_match_exactly() {
+        let buf = serialise(&[
+            ("x-envoy-retry-onx", ""),
+            ("x", "x-envoy-retry-on"),
+            (":method", ""),
+        ]);
+        let h = scan(&buf, &CONTROL).unwrap();
+        assert!(!h.has_any);
+        assert_eq!(h.method, b"");
+    }
+
+    #[test]
+    fn malformed_buffers_are_none_never_a_panic() {
+        let good = serialise(&[(":method", "GET"), ("a", "b")]);
+        for cut in 0..good.len() {
+            assert_eq!(scan(&good[..cut], &CONTROL), None, "cut at {cut}");
+        }
+        assert_eq!(scan(&[0xff, 0xff, 0xff, 0xff], &CONTROL), None);
+        let mut long = good.clone();
+        long[4] = 0xff; // first name's length past the end
+        assert_eq!(scan(&long, &CONTROL), None);
+        // every byte value in every position: no panic
+        for i in 0..good.len() {
+            for b in [0u8, 1, 0x7f, 0x80, 0xff] {
+                let mut m = good.clone();
+                m[i] = b;
+                let _ = scan(&m, &CONTROL);
+            }
+        }
+    }
+}
