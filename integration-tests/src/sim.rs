@@ -59,6 +59,36 @@ impl Latency {
         }
     }
 
+    /// `["fixed", ms]`, `["lognormal", mean_ms, sd_ms, straggler_prob,
+    /// straggler_mult]` or `["reference"]` (the control endpoint's
+    /// `/model/<host>/lognormal/5/2/0.05/10`, the `sim` binary's
+    /// `--model lognormal:5:2:0.05:10`).
+    pub fn parse(parts: &[&str]) -> Option<Latency> {
+        let nums: Vec<f64> = parts
+            .iter()
+            .skip(1)
+            .map(|s| s.parse().ok())
+            .collect::<Option<_>>()?;
+        if nums.iter().any(|n| !n.is_finite() || *n < 0.0) {
+            return None;
+        }
+        match (parts.first(), nums.as_slice()) {
+            (Some(&"reference"), []) => Some(Latency::reference()),
+            (Some(&"fixed"), [ms]) => Some(Latency::Fixed(Duration::from_secs_f64(ms / 1000.0))),
+            (Some(&"lognormal"), [mean_ms, sd_ms, straggler_prob, straggler_mult])
+                if *mean_ms > 0.0 && *straggler_prob <= 1.0 =>
+            {
+                Some(Latency::LogNormal {
+                    mean_ms: *mean_ms,
+                    sd_ms: *sd_ms,
+                    straggler_prob: *straggler_prob,
+                    straggler_mult: *straggler_mult,
+                })
+            }
+            _ => None,
+        }
+    }
+
     pub fn fixed_ms(ms: u64) -> Self {
         Latency::Fixed(Duration::from_millis(ms))
     }
@@ -127,6 +157,17 @@ pub struct Simulator {
 impl Simulator {
     /// Starts one host per model on free loopback ports, plus a control port.
     pub fn start(models: Vec<Latency>) -> std::io::Result<Simulator> {
+        let addrs = vec!["127.0.0.1:0".to_string(); models.len()];
+        Simulator::start_at(&addrs, "127.0.0.1:0", models)
+    }
+
+    /// Starts one host per model on the given addresses (the `sim` binary of
+    /// the docker-compose demo binds 0.0.0.0), plus a control port.
+    pub fn start_at(
+        addrs: &[String],
+        control_addr: &str,
+        models: Vec<Latency>,
+    ) -> std::io::Result<Simulator> {
         let hosts: Vec<Arc<Host>> = models
             .into_iter()
             .enumerate()
@@ -149,13 +190,13 @@ impl Simulator {
             .build()?;
         let mut listeners = Vec::new();
         let mut ports = Vec::new();
-        for _ in &shared.hosts {
-            let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        for addr in addrs.iter().take(shared.hosts.len()) {
+            let std_listener = std::net::TcpListener::bind(addr)?;
             std_listener.set_nonblocking(true)?;
             ports.push(std_listener.local_addr()?.port());
             listeners.push(std_listener);
         }
-        let control = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let control = std::net::TcpListener::bind(control_addr)?;
         control.set_nonblocking(true)?;
         let control_port = control.local_addr()?.port();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -449,18 +490,8 @@ fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Body> {
             reply(200, "reset\n".into())
         }
         ["model", host, rest @ ..] => {
-            let nums: Vec<f64> = rest.iter().skip(1).filter_map(|s| s.parse().ok()).collect();
-            let model = match (rest.first(), nums.as_slice()) {
-                (Some(&"fixed"), [ms]) => Latency::Fixed(Duration::from_secs_f64(ms / 1000.0)),
-                (Some(&"lognormal"), [mean_ms, sd_ms, straggler_prob, straggler_mult]) => {
-                    Latency::LogNormal {
-                        mean_ms: *mean_ms,
-                        sd_ms: *sd_ms,
-                        straggler_prob: *straggler_prob,
-                        straggler_mult: *straggler_mult,
-                    }
-                }
-                _ => return reply(400, "bad model\n".into()),
+            let Some(model) = Latency::parse(rest) else {
+                return reply(400, "bad model\n".into());
             };
             for h in shared
                 .hosts

@@ -1,0 +1,544 @@
+//! Where users run the filter: the docker-compose demo, the OCI image, the
+//! Istio and Envoy Gateway manifests, and func-e. No Docker engine or
+//! Kubernetes here, so each is checked as far as real tools allow: compose
+//! by `docker-compose config` and by running its services natively, the
+//! Envoy configs by `envoy --mode validate`, the image by umoci and skopeo,
+//! the manifests' plugin configs by the filter's own config validation.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use adaptive_hedge::policy::config::Config;
+use integration_tests::envoy::{self, repo_root, Envoy, EnvoyOptions, Launcher};
+use serde::Deserialize;
+use serde_yaml::Value;
+use sha2::{Digest, Sha256};
+
+const ENVOY_VERSION: &str = "1.40.0";
+const IMAGE_TAG: &str = env!("CARGO_PKG_VERSION");
+/// The manifests that quote the image digest.
+const MANIFESTS: [&str; 2] = [
+    "envoy-configs/istio/wasmplugin.yaml",
+    "envoy-configs/gateway/adaptive-hedge.yaml",
+];
+
+/// A tool this test needs; CI installs them (`make setup-deploy`).
+fn tool(name: &str) -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let candidates = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(PathBuf::from)
+        .chain([Path::new(&home).join("go/bin")])
+        .map(|d| d.join(name))
+        .collect::<Vec<_>>();
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found: run `make setup-deploy` (docker-compose, skopeo, umoci from Debian; func-e by go install)")
+        })
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+fn yaml_docs(relative: &str) -> Vec<Value> {
+    let path = repo_root().join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{relative}: {e}"));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{relative}: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn get<'a>(v: &'a Value, path: &str) -> &'a Value {
+    path.split('.')
+        .fold(v, |v, key| match key.parse::<usize>() {
+            Ok(i) => &v[i],
+            Err(_) => &v[key],
+        })
+}
+
+fn str_at<'a>(v: &'a Value, path: &str) -> &'a str {
+    get(v, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("{path}: not a string in {v:?}"))
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect()
+}
+
+/// A manifest's plugin config through the filter's own validation: what
+/// Envoy would refuse fails here, naming the field.
+fn check_plugin_config(where_: &str, config: &Value) -> Config {
+    let json = serde_json::to_vec(config).unwrap_or_else(|e| panic!("{where_}: {e}"));
+    Config::parse(&json).unwrap_or_else(|e| panic!("{where_}: {e}"))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn compose_file_is_valid_and_everything_it_uses_exists() {
+    let root = repo_root();
+    let compose = tool("docker-compose");
+    run(Command::new(&compose).current_dir(&root).args([
+        "-f",
+        "docker-compose.yml",
+        "config",
+        "-q",
+    ]));
+
+    let doc = &yaml_docs("docker-compose.yml")[0];
+    let services = doc["services"].as_mapping().expect("services");
+    let names: Vec<&str> = services.keys().filter_map(Value::as_str).collect();
+    for name in ["envoy", "sim-1", "sim-2", "sim-3", "load"] {
+        assert!(names.contains(&name), "service {name} missing: {names:?}");
+    }
+    // Envoy: the image of the version the tests run, admin published.
+    let envoy = &doc["services"]["envoy"];
+    assert_eq!(
+        str_at(envoy, "image"),
+        format!("envoyproxy/envoy:v{ENVOY_VERSION}")
+    );
+    let ports: Vec<&str> = envoy["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        ports.contains(&"9901:9901") && ports.contains(&"10000:10000"),
+        "{ports:?}"
+    );
+    // Every file mounted exists (the wasm after `make build`).
+    let mut mounted = Vec::new();
+    for (name, service) in services {
+        for volume in service["volumes"].as_sequence().into_iter().flatten() {
+            let spec = volume.as_str().expect("short volume syntax");
+            let (source, target) = spec.split_once(':').expect("source:target");
+            let target = target.split(':').next().unwrap_or_default();
+            let path = root.join(source);
+            assert!(
+                path.exists(),
+                "{name:?} mounts {source}, which does not exist (make build?)"
+            );
+            mounted.push((target.to_string(), path));
+        }
+        if let Some(dockerfile) = service["build"]["dockerfile"].as_str() {
+            let path = root.join(dockerfile);
+            let text = std::fs::read_to_string(&path).expect("Dockerfile");
+            for bin in ["sim", "load"] {
+                assert!(
+                    text.contains(&format!("--bin {bin}")),
+                    "{dockerfile} builds {bin}"
+                );
+                assert!(root
+                    .join(format!("integration-tests/src/bin/{bin}.rs"))
+                    .exists());
+            }
+        }
+    }
+    // The Envoy config it mounts passes `envoy --mode validate`, with the
+    // wasm it mounts, and routes to the three sim services.
+    let config = mounted
+        .iter()
+        .find(|(t, _)| t == "/etc/envoy/envoy.yaml")
+        .map(|(_, p)| p.clone())
+        .expect("envoy.yaml mounted");
+    assert_eq!(config, root.join("envoy-configs/docker/envoy.yaml"));
+    let wasm = mounted
+        .iter()
+        .find(|(t, _)| t == "/etc/envoy/adaptive_hedge.wasm")
+        .map(|(_, p)| p.clone())
+        .expect("wasm mounted");
+    let text = std::fs::read_to_string(&config).expect("config");
+    for sim in ["sim-1", "sim-2", "sim-3"] {
+        assert!(
+            text.contains(&format!("address: {sim}, port_value: 8080")),
+            "{sim}"
+        );
+    }
+    let (ok, output) = Envoy::validate(EnvoyOptions::new("docker/envoy.yaml", &[]).edit(
+        "/etc/envoy/adaptive_hedge.wasm",
+        &wasm.display().to_string(),
+    ))
+    .expect("validate");
+    assert!(
+        ok,
+        "envoy --mode validate refused docker/envoy.yaml:\n{output}"
+    );
+    assert!(
+        output.contains("adaptive-hedge 0.1.0 configured"),
+        "{output}"
+    );
+}
+
+/// The compose topology without Docker: the `sim` and `load` binaries the
+/// images hold, with the same arguments, around a real Envoy.
+#[test]
+fn compose_services_work_natively() {
+    let ports: Vec<u16> = (0..3).map(|_| envoy::free_port()).collect();
+    let mut sim = Command::new(env!("CARGO_BIN_EXE_sim"));
+    for p in &ports {
+        sim.args(["--listen", &format!("127.0.0.1:{p}")]);
+    }
+    let sim = ChildGuard(
+        sim.args(["--model", "reference"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sim"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ports
+        .iter()
+        .any(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_err())
+    {
+        assert!(Instant::now() < deadline, "sim did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", &ports)
+            .plugin_config(r#"{"min_samples": 50, "debug_header": true}"#),
+    )
+    .expect("envoy");
+    let out = run(Command::new(env!("CARGO_BIN_EXE_load")).args([
+        "--url",
+        &envoy.url("/"),
+        "--rate",
+        "200",
+        "--requests",
+        "400",
+        "--rounds",
+        "1",
+    ]));
+    assert!(
+        out.contains("round 1:") && out.contains("ok=400 errors=0"),
+        "{out}"
+    );
+    std::thread::sleep(Duration::from_millis(600)); // two ticks: counters flushed
+    assert!(envoy.filter_stat("requests_total", "backend") >= 400);
+    assert!(
+        envoy.filter_stat("hedges_armed_total", "backend") > 0,
+        "the filter armed nothing: {}",
+        envoy.filter_stats("backend")
+    );
+    envoy.assert_no_vm_failure();
+    drop(sim);
+}
+
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by its pid.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn build_image(dir: &Path) -> String {
+    let out = run(Command::new("python3")
+        .current_dir(repo_root())
+        .arg("tools/oci_image.py")
+        .arg("build")
+        .arg(envoy::wasm_path())
+        .arg(dir)
+        .arg(IMAGE_TAG));
+    out.trim().to_string()
+}
+
+fn blob(dir: &Path, digest: &str) -> Vec<u8> {
+    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+    let bytes = std::fs::read(dir.join("blobs/sha256").join(hex)).expect("blob");
+    assert_eq!(sha256_hex(&bytes), hex, "blob {digest} is corrupt");
+    bytes
+}
+
+#[test]
+fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
+    let dir = std::env::temp_dir().join(format!("adaptive-hedge-oci-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let digest = build_image(&dir);
+    let wasm = std::fs::read(envoy::wasm_path()).expect("make build");
+
+    // index -> manifest -> one layer holding plugin.wasm, the compat annotation
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).expect("index")).unwrap();
+    assert_eq!(index["manifests"][0]["digest"], digest.as_str());
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        IMAGE_TAG
+    );
+    let manifest: serde_json::Value = serde_json::from_slice(&blob(&dir, &digest)).unwrap();
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["annotations"]["module.wasm.image/variant"], "compat",
+        "{manifest}"
+    );
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1, "exactly one layer: {manifest}");
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    let gz = blob(&dir, layers[0]["digest"].as_str().unwrap());
+    assert_eq!(layers[0]["size"], gz.len());
+    let mut tar_bytes = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .read_to_end(&mut tar_bytes)
+        .expect("gzip");
+    let mut archive = tar::Archive::new(tar_bytes.as_slice());
+    let mut entries = Vec::new();
+    for entry in archive.entries().expect("tar") {
+        let mut entry = entry.expect("entry");
+        let name = entry.path().expect("path").display().to_string();
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).expect("read");
+        entries.push((name, content));
+    }
+    assert_eq!(entries.len(), 1, "one file in the layer");
+    assert_eq!(entries[0].0, "plugin.wasm");
+    assert!(
+        entries[0].1 == wasm,
+        "the layer holds build/adaptive_hedge.wasm"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&blob(&dir, manifest["config"]["digest"].as_str().unwrap()))
+            .unwrap();
+    assert_eq!(
+        config["rootfs"]["diff_ids"][0],
+        format!("sha256:{}", sha256_hex(&tar_bytes))
+    );
+
+    // Real OCI tools read it.
+    let reference = format!("{}:{IMAGE_TAG}", dir.display());
+    let inspect = run(Command::new(tool("skopeo")).args(["inspect", &format!("oci:{reference}")]));
+    let inspected: serde_json::Value = serde_json::from_str(&inspect).expect("skopeo json");
+    assert_eq!(inspected["Digest"], digest.as_str());
+    run(Command::new(tool("umoci")).args(["stat", "--image", &reference]));
+
+    // Reproducible: the same wasm gives the same digest, so manifests can
+    // quote it; and they do.
+    let again = dir.with_extension("again");
+    let _ = std::fs::remove_dir_all(&again);
+    assert_eq!(
+        build_image(&again),
+        digest,
+        "the image build is not reproducible"
+    );
+    let hex = digest.trim_start_matches("sha256:");
+    let istio = yaml_docs(MANIFESTS[0]);
+    for plugin in of_kind(&istio, "WasmPlugin") {
+        assert_eq!(
+            str_at(plugin, "spec.sha256"),
+            hex,
+            "{}: stale digest: run `make oci-pin`",
+            MANIFESTS[0]
+        );
+        assert_eq!(
+            str_at(plugin, "spec.url"),
+            format!("oci://ghcr.io/adaptive-hedge/adaptive-hedge:{IMAGE_TAG}")
+        );
+    }
+    let gateway = yaml_docs(MANIFESTS[1]);
+    for policy in of_kind(&gateway, "EnvoyExtensionPolicy") {
+        for wasm in policy["spec"]["wasm"].as_sequence().expect("wasm") {
+            assert_eq!(
+                str_at(wasm, "code.image.sha256"),
+                hex,
+                "{}: stale digest: run `make oci-pin`",
+                MANIFESTS[1]
+            );
+            assert!(str_at(wasm, "code.image.url").ends_with(&format!(":{IMAGE_TAG}")));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&again);
+}
+
+#[test]
+fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
+    let docs = yaml_docs(MANIFESTS[0]);
+    let plugins = of_kind(&docs, "WasmPlugin");
+    assert_eq!(plugins.len(), 2, "gateway and sidecars");
+    for p in &plugins {
+        assert_eq!(str_at(p, "apiVersion"), "extensions.istio.io/v1alpha1");
+        assert_eq!(str_at(p, "spec.failStrategy"), "FAIL_OPEN");
+        assert_eq!(str_at(p, "spec.pluginName"), "adaptive_hedge");
+        assert_eq!(str_at(p, "spec.phase"), "UNSPECIFIED_PHASE");
+        check_plugin_config(
+            &format!("{} {}", MANIFESTS[0], str_at(p, "metadata.namespace")),
+            get(p, "spec.pluginConfig"),
+        );
+    }
+    assert!(plugins
+        .iter()
+        .any(|p| get(p, "spec.selector.matchLabels.istio").as_str() == Some("ingressgateway")));
+    assert!(plugins
+        .iter()
+        .any(|p| get(p, "spec.match.0.mode").as_str() == Some("CLIENT")));
+    // Circuit breaker: Envoy's default allows 3 concurrent retries (hedges).
+    let rule = of_kind(&docs, "DestinationRule")[0];
+    assert!(
+        get(rule, "spec.trafficPolicy.connectionPool.http.maxRetries")
+            .as_u64()
+            .unwrap_or(0)
+            >= 100
+    );
+    // Retry back-off: added to the hedge delay, 25 ms by default.
+    let patch = of_kind(&docs, "EnvoyFilter")[0];
+    assert_eq!(str_at(patch, "spec.configPatches.0.applyTo"), "HTTP_ROUTE");
+    let back_off = get(
+        patch,
+        "spec.configPatches.0.patch.value.route.retry_policy.retry_back_off",
+    );
+    assert_eq!(str_at(back_off, "base_interval"), "0.001s");
+}
+
+#[test]
+fn gateway_manifests_configure_the_filter_and_what_hedging_needs() {
+    let docs = yaml_docs(MANIFESTS[1]);
+    let policy = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    assert_eq!(
+        str_at(policy, "apiVersion"),
+        "gateway.envoyproxy.io/v1alpha1"
+    );
+    assert_eq!(str_at(policy, "spec.targetRefs.0.kind"), "HTTPRoute");
+    let wasm = get(policy, "spec.wasm.0");
+    assert_eq!(get(wasm, "failOpen").as_bool(), Some(true));
+    assert_eq!(str_at(wasm, "rootID"), "adaptive_hedge");
+    assert_eq!(str_at(wasm, "code.type"), "Image");
+    check_plugin_config(MANIFESTS[1], get(wasm, "config"));
+
+    let traffic = of_kind(&docs, "BackendTrafficPolicy")[0];
+    assert_eq!(
+        get(traffic, "spec.targetRefs.0"),
+        get(policy, "spec.targetRefs.0"),
+        "both policies target the same route"
+    );
+    assert_eq!(
+        str_at(traffic, "spec.retry.perRetry.backOff.baseInterval"),
+        "1ms"
+    );
+    assert!(
+        get(traffic, "spec.circuitBreaker.maxParallelRetries")
+            .as_u64()
+            .unwrap_or(0)
+            >= 100
+    );
+    // Triggers apply to unarmed requests too: only failures where the
+    // request never reached the backend.
+    for trigger in get(traffic, "spec.retry.retryOn.triggers")
+        .as_sequence()
+        .expect("triggers")
+    {
+        let t = trigger.as_str().unwrap_or_default();
+        assert!(
+            ["connect-failure", "refused-stream"].contains(&t),
+            "{t}: would retry requests the filter did not arm"
+        );
+    }
+}
+
+/// The check above is the one that catches typos: a misspelt key or a bad
+/// value in a manifest's plugin config fails, naming the field.
+#[test]
+fn a_typo_in_a_manifest_plugin_config_fails() {
+    let docs = yaml_docs(MANIFESTS[0]);
+    let mut config = get(of_kind(&docs, "WasmPlugin")[0], "spec.pluginConfig").clone();
+    config["budget_percnt"] = Value::from(10);
+    let json = serde_json::to_vec(&config).unwrap();
+    let err = Config::parse(&json)
+        .expect_err("a typo must fail")
+        .to_string();
+    assert!(err.contains("budget_percnt"), "{err}");
+
+    let mut config = get(of_kind(&docs, "WasmPlugin")[0], "spec.pluginConfig").clone();
+    config["percentile"] = Value::from(1.5);
+    let err = Config::parse(&serde_json::to_vec(&config).unwrap())
+        .expect_err("out of range must fail")
+        .to_string();
+    assert!(err.contains("percentile"), "{err}");
+}
+
+/// `make run` under func-e: func-e runs the Envoy binary placed in its data
+/// home (no download), and the filter works the same.
+#[test]
+fn func_e_runs_envoy_with_the_filter() {
+    let func_e = tool("func-e");
+    let home = std::env::temp_dir().join(format!("adaptive-hedge-func-e-{}", std::process::id()));
+    let bin = home.join(format!("data/envoy-versions/{ENVOY_VERSION}/bin"));
+    std::fs::create_dir_all(&bin).expect("func-e home");
+    let binary = envoy::envoy_binary();
+    let binary = binary.canonicalize().unwrap_or(binary);
+    let _ = std::fs::remove_file(bin.join("envoy"));
+    std::os::unix::fs::symlink(&binary, bin.join("envoy")).expect("symlink");
+    let env = |k: &str, sub: &str| (k.to_string(), home.join(sub).display().to_string());
+    let launcher = Launcher {
+        program: func_e,
+        args: vec!["run".into()],
+        env: vec![
+            env("FUNC_E_DATA_HOME", "data"),
+            env("FUNC_E_STATE_HOME", "state"),
+            env("FUNC_E_CONFIG_HOME", "config"),
+            env("FUNC_E_RUNTIME_DIR", "run"),
+            ("ENVOY_VERSION".into(), ENVOY_VERSION.into()),
+        ],
+    };
+    let sim = integration_tests::sim::Simulator::start(vec![
+        integration_tests::sim::Latency::fixed_ms(1);
+        3
+    ])
+    .expect("sim");
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).launcher(launcher))
+        .expect("envoy under func-e");
+    let rt = integration_tests::runtime();
+    let client = integration_tests::load::client();
+    let statuses = rt.block_on(async {
+        let mut statuses = Vec::new();
+        for _ in 0..20 {
+            let reply = integration_tests::load::request(&client, "GET", &envoy.url("/"), &[])
+                .await
+                .expect("request");
+            statuses.push(reply.status);
+        }
+        statuses
+    });
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    // counters are flushed on the filter's tick
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while envoy.filter_stat("requests_total", "backend") < 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(envoy.filter_stat("requests_total", "backend"), 20);
+    assert!(envoy.log().contains("adaptive-hedge 0.1.0 configured"));
+    envoy.assert_no_vm_failure();
+    drop(envoy);
+    let _ = std::fs::remove_dir_all(&home);
+}
