@@ -11,6 +11,9 @@
 #                to run the binary directly)
 #   make oci     the plugin as an OCI image (compat format) in build/oci
 #   make oci-pin write its digest into the Istio and Gateway manifests
+#   make fuzz    coverage-guided fuzzing (cargo fuzz, nightly) of the config
+#                parser, the shared-state decoder and the header parser;
+#                FUZZ_SECONDS per target (default 60)
 #   make setup-deploy  the tools the deploy tests use: docker-compose, skopeo,
 #                umoci (Debian), func-e (go install)
 
@@ -24,7 +27,7 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+.PHONY: fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
 FUNC_E_VERSION := v1.6.0
 FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
 OCI_LAYOUT := build/oci
@@ -110,6 +113,23 @@ oci: build
 
 oci-pin: oci
 	python3 tools/oci_image.py pin $(OCI_LAYOUT) $(OCI_TAG) $(DIGEST_MANIFESTS)
+
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := config shared_state header_pairs
+# cargo-fuzz from crates.io if missing; the corpus grows in fuzz/corpus
+# (not committed), seeded from fuzz/seeds (committed). A crash stops the run
+# and leaves its input in fuzz/artifacts/.
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && cargo +nightly fuzz build -O
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  (set -o pipefail; cd fuzz && cargo +nightly fuzz run -O $$t corpus/$$t seeds/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 2>&1 | \
+	    grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done|==|SUMMARY)|panicked|ERROR") \
+	    || { echo "fuzz $$t: failure, input in fuzz/artifacts/$$t/"; exit 1; }; \
+	done
 
 lint:
 	cargo fmt --all -- --check

@@ -316,6 +316,40 @@ mod tests {
         c
     }
 
+    /// The fuzzer's seeds (`fuzz/seeds/shared_state`) are current encodings:
+    /// a change of format fails here until they are rewritten with
+    /// `WRITE_FUZZ_SEEDS=1 cargo test -p adaptive-hedge seeds`.
+    #[test]
+    fn fuzz_seeds_are_current_encodings() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/shared_state");
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        let seeds = [
+            ("cluster_empty.bin", SharedCluster::new(g).encode()),
+            ("cluster_sample.bin", sample_cluster().encode()),
+            (
+                "registry.bin",
+                Registry {
+                    names: vec!["backend".into(), "outbound|8080||payments".into()],
+                }
+                .encode(),
+            ),
+        ];
+        for (name, bytes) in seeds {
+            let path = dir.join(name);
+            if std::env::var_os("WRITE_FUZZ_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &bytes).unwrap();
+            }
+            assert_eq!(
+                std::fs::read(&path).ok(),
+                Some(bytes),
+                "{} is stale",
+                path.display()
+            );
+        }
+    }
+
     #[test]
     fn cluster_round_trips() {
         let c = sample_cluster();

@@ -1,0 +1,24 @@
+//! The host's header-map serialisation, parsed on every request: malformed
+//! buffers are None, never a panic; a well-formed one gives back its method.
+#![no_main]
+
+use adaptive_hedge::header_pairs::{scan, serialise};
+use libfuzzer_sys::fuzz_target;
+
+const CONTROL: [&str; 2] = ["x-envoy-max-retries", "x-envoy-retry-on"];
+
+fuzz_target!(|data: &[u8]| {
+    let _ = scan(data, &CONTROL);
+    // Reading the bytes as text pairs: what serialise writes, scan reads.
+    let text = String::from_utf8_lossy(data);
+    let pairs: Vec<(&str, &str)> = text
+        .split('\n')
+        .filter_map(|line| line.split_once('='))
+        .collect();
+    let buffer = serialise(&pairs);
+    let found = scan(&buffer, &CONTROL).expect("a serialised map scans");
+    let method = pairs.iter().rev().find(|(n, _)| *n == ":method").map(|(_, v)| v.as_bytes());
+    assert_eq!(found.method, method.unwrap_or_default());
+    let control = pairs.iter().any(|(n, _)| CONTROL.contains(n));
+    assert_eq!(found.has_any, control);
+});

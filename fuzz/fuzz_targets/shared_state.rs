@@ -1,0 +1,56 @@
+//! Shared-data values are written by other workers (or by anything else
+//! sharing the VM id): whatever bytes sit under the filter's keys decode to a
+//! value or an error, never a panic; a decoded value re-encodes to itself;
+//! and a worker syncing over garbage resets the key and leaves a value that
+//! decodes.
+#![no_main]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adaptive_hedge::policy::config::Config;
+use adaptive_hedge::policy::shared_state::memory::MemoryStore;
+use adaptive_hedge::policy::shared_state::{
+    cluster_key, Registry, SharedCluster, SharedStore, REGISTRY_KEY,
+};
+use adaptive_hedge::policy::window::WindowGeometry;
+use adaptive_hedge::policy::worker::{Level, Logger, Worker};
+use libfuzzer_sys::fuzz_target;
+
+struct Quiet;
+impl Logger for Quiet {
+    fn log(&mut self, _level: Level, _message: &str) {}
+}
+
+fuzz_target!(|data: &[u8]| {
+    let geometry = WindowGeometry::new(Duration::from_secs(30));
+    if let Ok(cluster) = SharedCluster::decode(data, geometry) {
+        let bytes = cluster.encode();
+        assert_eq!(SharedCluster::decode(&bytes, geometry).ok(), Some(cluster));
+    }
+    if let Ok(registry) = Registry::decode(data) {
+        assert_eq!(Registry::decode(&registry.encode()).ok(), Some(registry));
+    }
+
+    // A worker meets the bytes under its keys.
+    let Ok(config) = Config::parse(br#"{"min_samples": 1}"#) else { return };
+    let mut worker = Worker::new(Arc::new(config));
+    let store = MemoryStore::default();
+    let split = data.len() / 2;
+    let _ = store.set(REGISTRY_KEY, &data[..split], 0);
+    let _ = store.set(&cluster_key("backend"), &data[split..], 0);
+    for i in 0..3u64 {
+        let (id, _) = worker.on_request(Some(b"backend"), b"GET");
+        if let Some(id) = id {
+            worker.on_response(id, 1000 + i);
+            worker.on_complete(id, 0, Some(1));
+        }
+        worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
+    }
+    if let Ok(Some((bytes, _))) = store.get(&cluster_key("backend")) {
+        assert!(
+            SharedCluster::decode(&bytes, geometry).is_ok(),
+            "the worker left a value that does not decode"
+        );
+    }
+});
