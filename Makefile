@@ -56,6 +56,9 @@ build:
 	@mkdir -p build
 	cp target/$(WASM_TARGET)/release/adaptive_hedge.wasm $(WASM)
 	cp target/$(WASM_TARGET)/release/noop_filter.wasm build/noop_filter.wasm
+	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge --features fault-injection \
+	  --target-dir target/fault-injection
+	cp target/fault-injection/$(WASM_TARGET)/release/adaptive_hedge.wasm build/adaptive_hedge_fault_injection.wasm
 	@ls -l $(WASM)
 
 test: build unit-test e2e-test
@@ -135,6 +138,8 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -p adaptive-hedge -p integration-tests -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) -p adaptive-hedge --features fault-injection \
+	  --target-dir target/fault-injection -- -D warnings
 
 fmt:
 	cargo fmt --all

@@ -178,6 +178,37 @@ pub async fn open_loop_mixed(
     total: u64,
     timeout: Duration,
 ) -> Vec<LoadResult> {
+    open_loop_inner(client, urls, rate, total, timeout, &[]).await
+}
+
+/// Open loop with the same extra headers on every request.
+pub async fn open_loop_with_headers(
+    client: &Client,
+    url: &str,
+    rate: f64,
+    total: u64,
+    timeout: Duration,
+    headers: &[(&str, &str)],
+) -> LoadResult {
+    let mut results =
+        open_loop_inner(client, &[url.to_string()], rate, total, timeout, headers).await;
+    results.pop().unwrap_or_else(LoadResult::new)
+}
+
+async fn open_loop_inner(
+    client: &Client,
+    urls: &[String],
+    rate: f64,
+    total: u64,
+    timeout: Duration,
+    headers: &[(&str, &str)],
+) -> Vec<LoadResult> {
+    let headers: Arc<Vec<(String, String)>> = Arc::new(
+        headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
     let results: Vec<Arc<Mutex<LoadResult>>> = urls
         .iter()
         .map(|_| Arc::new(Mutex::new(LoadResult::new())))
@@ -192,12 +223,21 @@ pub async fn open_loop_mixed(
             break;
         };
         let (client, url, result) = (client.clone(), url.clone(), result.clone());
+        let headers = headers.clone();
         tasks.push(tokio::spawn(async move {
-            let outcome =
-                match tokio::time::timeout(timeout, request(&client, "GET", &url, &[])).await {
-                    Ok(r) => r,
-                    Err(_) => Err("timeout".into()),
-                };
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let outcome = match tokio::time::timeout(
+                timeout,
+                request(&client, "GET", &url, &headers),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err("timeout".into()),
+            };
             let elapsed = due.elapsed();
             result.lock().unwrap().record(&outcome, elapsed);
         }));

@@ -11,6 +11,10 @@
 //!   the first body chunk after the delay, then `<chunks> - 1` more chunks
 //!   every `x-sim-chunk-gap-ms` (10) ms. Completion = the last chunk sent.
 //!
+//! - `x-sim-status: N`: answer with status N (every attempt).
+//! - `x-sim-fault: reset`: close the connection after the delay, before any
+//!   response; `reset-mid-body`: headers and a first chunk, then a reset.
+//!
 //! Without them a request follows its host's [`Latency`] model, which can be
 //! changed while running (`set_model`, or the control endpoint).
 
@@ -337,10 +341,24 @@ impl Drop for InFlight {
     }
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+/// An error in a body or a handler makes hyper abort the connection (an
+/// upstream reset, as Envoy sees it).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
 
 fn full(text: String) -> Body {
-    Full::new(Bytes::from(text)).boxed()
+    Full::new(Bytes::from(text))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// What a request asks the host to do wrong (`x-sim-fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Close the connection after the delay, before any response.
+    Reset,
+    /// Send the headers and a first chunk after the delay, then reset.
+    ResetMidBody,
 }
 
 fn header_ms(req: &Request<Incoming>, name: &str) -> Option<u64> {
@@ -351,7 +369,7 @@ async fn handle(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     host: Arc<Host>,
-) -> Result<Response<Body>, Infallible> {
+) -> Result<Response<Body>, BoxError> {
     host.stats.arrivals.fetch_add(1, Ordering::SeqCst);
     let mut guard = InFlight {
         host: host.clone(),
@@ -385,11 +403,38 @@ async fn handle(
     // Envoy tells the upstream its timeout: with a per-try timeout armed, that
     // is the hedge delay. Echoed so tests can see what each worker armed.
     let expected_timeout = req.headers().get("x-envoy-expected-rq-timeout-ms").cloned();
+    let fault = match req.headers().get("x-sim-fault").map(|v| v.as_bytes()) {
+        Some(b"reset") => Some(Fault::Reset),
+        Some(b"reset-mid-body") => Some(Fault::ResetMidBody),
+        _ => None,
+    };
     if let Some(chunks) = header_ms(&req, "x-sim-stream") {
         let gap = Duration::from_millis(header_ms(&req, "x-sim-chunk-gap-ms").unwrap_or(10));
-        return Ok(stream_response(guard, attempt, delay, chunks.max(1), gap));
+        return Ok(stream_response(
+            guard,
+            attempt,
+            delay,
+            chunks.max(1),
+            gap,
+            None,
+        ));
     }
+    if fault == Some(Fault::ResetMidBody) {
+        return Ok(stream_response(
+            guard,
+            attempt,
+            delay,
+            3,
+            Duration::from_millis(5),
+            fault,
+        ));
+    }
+    let status = header_ms(&req, "x-sim-status").unwrap_or(200);
     crate::timer::sleep(delay).await;
+    if fault == Some(Fault::Reset) {
+        guard.done = true; // it did answer, in its way
+        return Err("x-sim-fault: reset".into());
+    }
     // drain the request body (a hedged GET has none)
     let _ = req.into_body().collect().await;
     guard.done = true;
@@ -399,6 +444,7 @@ async fn handle(
         response = response.header("x-sim-expected-timeout-ms", t);
     }
     let response = response
+        .status(u16::try_from(status).unwrap_or(200))
         .header("x-sim-host", host.index.to_string())
         .header("x-sim-attempt", attempt.to_string())
         .body(full(body))
@@ -413,8 +459,9 @@ fn stream_response(
     first_byte: Duration,
     chunks: u64,
     gap: Duration,
+    fault: Option<Fault>,
 ) -> Response<Body> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
     let index = guard.host.index;
     tokio::spawn(async move {
         // move the whole guard in (not just its field): its Drop does the counting
@@ -423,6 +470,11 @@ fn stream_response(
         for i in 0..chunks {
             if i > 0 {
                 crate::timer::sleep(gap).await;
+            }
+            if i == 1 && fault == Some(Fault::ResetMidBody) {
+                guard.done = true;
+                let _ = tx.send(Err("x-sim-fault: reset-mid-body".into())).await;
+                return;
             }
             let chunk = format!("data: host={index} attempt={attempt} chunk={i}\n\n");
             if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {

@@ -59,16 +59,19 @@ pub struct ClusterCounters {
     pub requests: u64,
     pub hedges_armed: u64,
     pub hedges_sent: u64,
+    /// Hedges armed and paid for but not sent (the request ended first).
+    pub hedges_refunded: u64,
     pub budget_exhausted: u64,
     pub ineligible: u64,
 }
 
 /// Per-cluster metric names: `adaptive_hedge.<metric>.<cluster>`; the
 /// Envoy config's `stats_tags` turns the suffix into a `cluster` label.
-pub const CLUSTER_COUNTERS: [&str; 5] = [
+pub const CLUSTER_COUNTERS: [&str; 6] = [
     "requests_total",
     "hedges_armed_total",
     "hedges_sent_total",
+    "hedges_refunded_total",
     "budget_exhausted_total",
     "ineligible_total",
 ];
@@ -110,7 +113,7 @@ pub struct ClusterState {
     requests_unsynced: u64,
     sent_unsynced: u64,
     counters: ClusterCounters,
-    metric_ids: Option<[u32; 7]>,
+    metric_ids: Option<[u32; 8]>,
     reset_logged: bool,
     /// Latency samples taken since the last tick.
     samples_this_tick: u32,
@@ -202,7 +205,7 @@ impl Worker {
             .earn(state.policy.share_micro(), state.policy.burst_micro());
         let decision = decide(&state.policy, state.hedge_delay, method, &mut state.budget);
         match decision {
-            Decision::Arm(_) => state.counters.hedges_armed += 1,
+            Decision::Arm(h) => state.counters.hedges_armed += u64::from(h.hedges),
             Decision::Skip(Skip::BudgetExhausted) => state.counters.budget_exhausted += 1,
             Decision::Skip(_) => state.counters.ineligible += 1,
         }
@@ -264,6 +267,7 @@ impl Worker {
             .budget
             .settle(reserved, sent, hedge_set_aside(&state.policy));
         state.counters.hedges_sent += extra;
+        state.counters.hedges_refunded += u64::from(reserved - sent);
         state.sent_unsynced += extra;
     }
 
@@ -481,6 +485,7 @@ impl Worker {
                 c.requests,
                 c.hedges_armed,
                 c.hedges_sent,
+                c.hedges_refunded,
                 c.budget_exhausted,
                 c.ineligible,
             ];

@@ -34,6 +34,14 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
+    #[cfg(feature = "fault-injection")]
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_get_header_map_pairs(
         map_type: u32,
         return_map_data: *mut *mut u8,
@@ -131,6 +139,27 @@ pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, HostStatus> 
     } {
         // SAFETY: host-allocated buffer of `len` bytes.
         OK => Ok(unsafe { take_host_buffer(data, len) }),
+        NOT_FOUND => Ok(None),
+        status => Err(HostStatus(status)),
+    }
+}
+
+/// One request header (only the test-only fault injection reads one alone).
+#[cfg(feature = "fault-injection")]
+pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: as above.
+    match unsafe {
+        proxy_get_header_map_value(
+            MAP_REQUEST_HEADERS,
+            name.as_ptr(),
+            name.len(),
+            &mut data,
+            &mut size,
+        )
+    } {
+        // SAFETY: host-allocated buffer of `size` bytes.
+        OK => Ok(unsafe { take_host_buffer(data, size) }),
         NOT_FOUND => Ok(None),
         status => Err(HostStatus(status)),
     }

@@ -184,6 +184,8 @@ impl HttpContext for HedgeHttp {
             return Action::Continue;
         };
         let cluster = host::property(CLUSTER_NAME).ok().flatten();
+        #[cfg(feature = "fault-injection")]
+        super::fault_injection::inject(cluster.as_deref());
         if self.trust_client_headers && client_set_controls {
             // The operator trusts clients and this one chose for itself.
             if let Ok(mut w) = worker.try_borrow_mut() {

@@ -1,6 +1,8 @@
 //! The proxy-wasm glue: a root context per plugin (config, tick) and an HTTP
 //! context per request. Thin on purpose: every decision is in `policy`.
 
+#[cfg(feature = "fault-injection")]
+mod fault_injection;
 mod host;
 mod http;
 mod root;

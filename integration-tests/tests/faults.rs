@@ -1,0 +1,453 @@
+//! The filter under faults, against real Envoy: it never turns a fault into a
+//! new error, never multiplies load past its budget, keeps its books
+//! (armed = sent + refunded once nothing is in flight), survives garbage in
+//! its shared memory, and under FAIL_OPEN a VM fault lets requests through.
+//! Each fault runs through Envoy without the filter too, for comparison.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use integration_tests::envoy::{self, repo_root, Envoy, EnvoyOptions};
+use integration_tests::load::{self, request, Client};
+use integration_tests::runtime;
+use integration_tests::sim::{Latency, Simulator};
+
+/// Learns fast (20 samples) so each test warms up in a moment.
+const QUICK: &str = r#"{"min_samples": 20}"#;
+
+fn fast() -> Latency {
+    Latency::fixed_ms(2)
+}
+
+fn adaptive(ports: &[u16], plugin_config: &str) -> Envoy {
+    Envoy::start(EnvoyOptions::new("envoy.yaml", ports).plugin_config(plugin_config)).unwrap()
+}
+
+fn baseline(ports: &[u16]) -> Envoy {
+    Envoy::start(EnvoyOptions::new("envoy-baseline.yaml", ports)).unwrap()
+}
+
+/// Sends `n` GETs one after another with `headers`; statuses by count
+/// (0 = the response failed, e.g. a body cut by a reset).
+fn statuses(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    envoy: &Envoy,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> BTreeMap<u16, usize> {
+    rt.block_on(async {
+        let mut counts = BTreeMap::new();
+        for _ in 0..n {
+            let status = request(client, "GET", &envoy.url("/"), headers)
+                .await
+                .map_or(0, |r| r.status);
+            *counts.entry(status).or_insert(0) += 1;
+        }
+        counts
+    })
+}
+
+/// Armed hedges are either sent or refunded once nothing is in flight: no
+/// token lost or created. Waits for the counters' flush.
+fn assert_books_balance(envoy: &Envoy) {
+    let stat = |m| envoy.filter_stat(m, "backend");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (armed, sent, refunded) = (
+            stat("hedges_armed_total"),
+            stat("hedges_sent_total"),
+            stat("hedges_refunded_total"),
+        );
+        if armed == sent + refunded {
+            assert!(
+                armed > 0,
+                "nothing was armed: {}",
+                envoy.filter_stats("backend")
+            );
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "armed {armed} != sent {sent} + refunded {refunded}: {}",
+            envoy.filter_stats("backend")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn warm(rt: &tokio::runtime::Runtime, client: &Client, envoy: &Envoy) {
+    rt.block_on(common::warm_up(client, envoy, "/", 100, 2));
+}
+
+/// A 503 storm: every attempt fails fast. With `retry_on: 5xx` each armed
+/// request is retried at once; those retries are paid from the same budget
+/// as hedges, so the storm is not doubled.
+#[test]
+fn a_503_storm_is_not_amplified_past_the_budget() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let envoy = adaptive(sim.ports(), QUICK);
+    let (client, rt) = (load::client(), runtime());
+    warm(&rt, &client, &envoy);
+    sim.reset_counts();
+    let requests = 3000u64;
+    let run = rt.block_on(load::open_loop_with_headers(
+        &client,
+        &envoy.url("/"),
+        400.0,
+        requests,
+        Duration::from_secs(5),
+        &[("x-sim-status", "503")],
+    ));
+    assert_eq!(
+        run.statuses.get(&503).copied(),
+        Some(requests),
+        "{}",
+        run.summary()
+    );
+    let extra = sim.settle(Duration::from_secs(5)).arrivals - requests;
+    // budget (10% of requests) + what workers and the pool had saved (3 x
+    // burst) + the most debt workers may leave (2 x burst)
+    let bound = requests / 10 + 3 * 10 + 2 * 10;
+    println!("503 storm: {requests} requests, {extra} retries (bound {bound})");
+    assert!(extra <= bound, "{extra} retries > {bound}");
+    assert!(extra >= requests / 20, "{extra}: the budget was not used");
+    assert_books_balance(&envoy);
+    envoy.assert_no_vm_failure();
+}
+
+/// Resets before and after the response headers, hung upstreams (ended by
+/// the route timeout), a host that refuses connections: each gives the
+/// client what Envoy without the filter gives, or better.
+#[test]
+fn upstream_faults_become_no_new_errors() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let (client, rt) = (load::client(), runtime());
+    let cases: [(&str, &[(&str, &str)]); 3] = [
+        ("reset before headers", &[("x-sim-fault", "reset")]),
+        ("reset mid-body", &[("x-sim-fault", "reset-mid-body")]),
+        ("hang past the route timeout", &[("x-sim-delay-ms", "3000")]),
+    ];
+    let short_timeout = |o: EnvoyOptions| {
+        o.edit(
+            "route: { cluster: backend }",
+            "route: { cluster: backend, timeout: 0.5s }",
+        )
+    };
+    let base = Envoy::start(short_timeout(EnvoyOptions::new(
+        "envoy-baseline.yaml",
+        sim.ports(),
+    )))
+    .unwrap();
+    let with = Envoy::start(short_timeout(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(QUICK),
+    ))
+    .unwrap();
+    warm(&rt, &client, &with);
+    for (name, headers) in cases {
+        let n = if name.starts_with("hang") { 6 } else { 40 };
+        let expected = statuses(&rt, &client, &base, n, headers);
+        let got = statuses(&rt, &client, &with, n, headers);
+        println!("{name}: without {expected:?}, with {got:?}");
+        let ok = |m: &BTreeMap<u16, usize>| m.get(&200).copied().unwrap_or(0);
+        assert!(ok(&got) >= ok(&expected), "{name}: {got:?} vs {expected:?}");
+        assert_eq!(got.values().sum::<usize>(), n);
+        // the same kind of failure, never a new status
+        for status in got.keys().filter(|s| **s != 200) {
+            assert!(expected.contains_key(status), "{name}: new status {status}");
+        }
+    }
+    // after the faults, ordinary requests are served and hedged as before
+    let after = statuses(&rt, &client, &with, 50, &[]);
+    assert_eq!(after.get(&200).copied(), Some(50), "{after:?}");
+    sim.settle(Duration::from_secs(5));
+    assert_books_balance(&with);
+    with.assert_no_vm_failure();
+}
+
+/// One of three hosts refuses connections; then none is reachable.
+#[test]
+fn refused_connections_and_no_healthy_host() {
+    let sim = Simulator::start(vec![fast(), fast()]).unwrap();
+    let dead = envoy::free_port(); // nothing listens here
+    let ports = [sim.ports()[0], sim.ports()[1], dead];
+    let (client, rt) = (load::client(), runtime());
+    let base = baseline(&ports);
+    let with = adaptive(&ports, QUICK);
+    warm_tolerant(&rt, &client, &with);
+    let expected = statuses(&rt, &client, &base, 90, &[]);
+    let got = statuses(&rt, &client, &with, 90, &[]);
+    println!("one host refuses: without {expected:?}, with {got:?}");
+    let errors = |m: &BTreeMap<u16, usize>| {
+        m.iter()
+            .filter(|(s, _)| **s != 200)
+            .map(|(_, n)| n)
+            .sum::<usize>()
+    };
+    assert!(errors(&got) <= errors(&expected), "{got:?} vs {expected:?}");
+
+    // no healthy host at all: 503 from Envoy, with or without the filter;
+    // local replies are not latency samples
+    let all_dead: Vec<u16> = (0..3).map(|_| envoy::free_port()).collect();
+    let base = baseline(&all_dead);
+    let with = adaptive(&all_dead, QUICK);
+    let expected = statuses(&rt, &client, &base, 30, &[]);
+    let got = statuses(&rt, &client, &with, 30, &[]);
+    println!("no healthy host: without {expected:?}, with {got:?}");
+    assert_eq!(got, expected);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(with.filter_stat("window_samples", "backend"), 0);
+    with.assert_no_vm_failure();
+}
+
+/// Warm-up that tolerates the errors of a refusing host.
+fn warm_tolerant(rt: &tokio::runtime::Runtime, client: &Client, envoy: &Envoy) {
+    let _ = statuses(rt, client, envoy, 100, &[]);
+    std::thread::sleep(Duration::from_millis(600));
+}
+
+/// Clients that give up mid-request: Envoy cancels the upstream attempts,
+/// the filter settles the budget of each, and keeps serving.
+#[test]
+fn clients_that_disconnect_mid_request() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let envoy = adaptive(sim.ports(), QUICK);
+    let (client, rt) = (load::client(), runtime());
+    warm(&rt, &client, &envoy);
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..40 {
+            let client = load::client(); // its own connection, dropped on timeout
+            let url = envoy.url("/");
+            tasks.push(tokio::spawn(async move {
+                // the first attempt is slow, so the request is hedged and then abandoned
+                let slow = request(&client, "GET", &url, &[("x-sim-delay-ms", "400")]);
+                tokio::time::timeout(Duration::from_millis(60), slow)
+                    .await
+                    .is_err()
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap(), "the request was meant to be abandoned");
+        }
+    });
+    let t = sim.settle(Duration::from_secs(5));
+    assert!(
+        t.cancellations > 0,
+        "Envoy cancelled the abandoned attempts: {t:?}"
+    );
+    let after = statuses(&rt, &client, &envoy, 30, &[]);
+    assert_eq!(after.get(&200).copied(), Some(30), "{after:?}");
+    assert_books_balance(&envoy);
+    envoy.assert_no_vm_failure();
+}
+
+/// Values a client may send in the control headers: huge, not numbers,
+/// negative, repeated, from a client Envoy trusts (so they reach the
+/// filter). The filter removes or overwrites every one: each request still
+/// makes exactly one upstream attempt to a fast host.
+#[test]
+fn hostile_control_header_values_change_nothing() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    // min_delay 50 ms: the filter's own hedges never fire on these fast
+    // hosts, so every extra attempt would be the client's doing
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"min_samples": 20, "min_delay": "50ms"}"#)
+            .trust_loopback_clients(),
+    )
+    .unwrap();
+    let (client, rt) = (load::client(), runtime());
+    warm(&rt, &client, &envoy);
+    let huge = "9".repeat(4096);
+    let hostile: Vec<Vec<(&str, &str)>> = vec![
+        vec![("x-envoy-upstream-rq-per-try-timeout-ms", huge.as_str())],
+        vec![
+            ("x-envoy-upstream-rq-per-try-timeout-ms", "-5"),
+            ("x-envoy-max-retries", "-1"),
+        ],
+        vec![
+            ("x-envoy-upstream-rq-per-try-timeout-ms", "abc"),
+            ("x-envoy-max-retries", "lots"),
+        ],
+        vec![
+            ("x-envoy-max-retries", "5"),
+            ("x-envoy-max-retries", "7"),
+            ("x-envoy-retry-on", "5xx"),
+            ("x-envoy-retry-on", "reset"),
+        ],
+        vec![
+            ("x-envoy-hedge-on-per-try-timeout", "true"),
+            ("x-envoy-upstream-rq-per-try-timeout-ms", "1"),
+            ("x-envoy-max-retries", "5"),
+            ("x-envoy-retry-on", "5xx"),
+            ("x-sim-delay-ms", "20"),
+        ],
+        vec![
+            ("x-envoy-retry-grpc-on", "cancelled"),
+            ("x-envoy-max-retries", "3"),
+            ("x-sim-status", "503"),
+        ],
+        vec![("x-envoy-retry-on", huge.as_str())],
+    ];
+    for headers in &hostile {
+        sim.reset_counts();
+        let got = statuses(&rt, &client, &envoy, 20, headers);
+        let arrivals = sim.settle(Duration::from_secs(5)).arrivals;
+        let failing = headers.iter().any(|(k, _)| *k == "x-sim-status");
+        let slow = headers.iter().any(|(k, _)| *k == "x-sim-delay-ms");
+        println!(
+            "{:?}: {got:?}, {arrivals} upstream attempts",
+            headers
+                .iter()
+                .map(|(k, v)| (k, &v[..v.len().min(12)]))
+                .collect::<Vec<_>>()
+        );
+        if failing {
+            // the filter's own retry of a fast 503 (paid by the budget),
+            // never the client's 3
+            assert!(arrivals <= 40, "{arrivals} attempts for 20 requests");
+            assert_eq!(got.get(&503).copied(), Some(20), "{got:?}");
+        } else if slow {
+            // the client asked for 5 hedges 1 ms apart
+            assert_eq!(arrivals, 20, "the client's headers multiplied the attempts");
+            assert_eq!(got.get(&200).copied(), Some(20), "{got:?}");
+        } else {
+            assert_eq!(arrivals, 20, "the client's headers multiplied the attempts");
+            assert_eq!(got.get(&200).copied(), Some(20), "{got:?}");
+        }
+    }
+    assert_books_balance(&envoy);
+    envoy.assert_no_vm_failure();
+}
+
+fn fault_wasm() -> std::path::PathBuf {
+    let path = repo_root().join("build/adaptive_hedge_fault_injection.wasm");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make build`",
+        path.display()
+    );
+    path
+}
+
+/// Garbage and a foreign encoding version under the filter's shared-data
+/// keys (written by the test-only build): detected, logged, reset, and
+/// hedging recovers.
+#[test]
+fn corrupt_shared_data_is_reset_and_hedging_recovers() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .wasm(fault_wasm())
+            .plugin_config(QUICK),
+    )
+    .unwrap();
+    let (client, rt) = (load::client(), runtime());
+    warm(&rt, &client, &envoy);
+    for fault in ["corrupt-shared-data", "foreign-version"] {
+        let got = statuses(
+            &rt,
+            &client,
+            &envoy,
+            1,
+            &[("x-adaptive-hedge-fault", fault)],
+        );
+        assert_eq!(got.get(&200).copied(), Some(1), "{fault}: {got:?}");
+        std::thread::sleep(Duration::from_millis(600)); // ticks: detected and reset
+        let armed_before = envoy.filter_stat("hedges_armed_total", "backend");
+        warm(&rt, &client, &envoy); // re-learns from scratch
+        let _ = statuses(&rt, &client, &envoy, 50, &[]);
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(
+            envoy.filter_stat("hedges_armed_total", "backend") > armed_before + 20,
+            "{fault}: hedging did not recover: {}",
+            envoy.filter_stats("backend")
+        );
+    }
+    let resets = envoy.stat("wasmcustom.adaptive_hedge.shared_state_resets_total");
+    assert!(resets >= 2, "resets counted: {resets}");
+    let log = envoy.log();
+    assert!(log.contains("reset"), "the reset is logged:\n{log}");
+    envoy.assert_no_vm_failure();
+}
+
+/// Under the shipped FAIL_OPEN policy, a VM fault (a trap, as a bug would
+/// cause) lets requests through unhedged; FAIL_CLOSED would fail them.
+#[test]
+fn a_vm_fault_under_fail_open_lets_requests_through() {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let (client, rt) = (load::client(), runtime());
+    let debug = r#"{"min_samples": 20, "debug_header": true}"#;
+    // one worker, so that every later request meets the faulted VM
+    let open = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .concurrency(1)
+            .wasm(fault_wasm())
+            .plugin_config(debug),
+    )
+    .unwrap();
+    warm(&rt, &client, &open);
+    let before = rt
+        .block_on(request(&client, "GET", &open.url("/"), &[]))
+        .unwrap();
+    assert!(
+        before
+            .headers
+            .get("x-adaptive-hedge")
+            .is_some_and(|v| v.starts_with("armed")),
+        "the filter is working before the fault: {:?}",
+        before.headers
+    );
+    // The request whose callback traps is answered 503 by Envoy's wasm
+    // filter under either policy (seen on Envoy 1.40); the policy decides
+    // what happens to every request after it.
+    let trapped = statuses(
+        &rt,
+        &client,
+        &open,
+        1,
+        &[("x-adaptive-hedge-fault", "trap")],
+    );
+    assert_eq!(trapped.get(&503).copied(), Some(1), "{trapped:?}");
+    let after = statuses(&rt, &client, &open, 50, &[]);
+    println!("FAIL_OPEN: trapping request {trapped:?}, after {after:?}");
+    assert_eq!(after.get(&200).copied(), Some(50), "{after:?}");
+    let reply = rt
+        .block_on(request(&client, "GET", &open.url("/"), &[]))
+        .unwrap();
+    assert!(
+        !reply.headers.contains_key("x-adaptive-hedge"),
+        "the faulted filter is skipped: {:?}",
+        reply.headers
+    );
+    let log = open.log();
+    assert!(
+        log.contains("unreachable") || log.contains("wasm trap") || log.contains("failed"),
+        "the fault is in Envoy's log:\n{log}"
+    );
+
+    let closed = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .wasm(fault_wasm())
+            .concurrency(1)
+            .plugin_config(debug)
+            .edit("failure_policy: FAIL_OPEN", "failure_policy: FAIL_CLOSED"),
+    )
+    .unwrap();
+    let _ = statuses(
+        &rt,
+        &client,
+        &closed,
+        1,
+        &[("x-adaptive-hedge-fault", "trap")],
+    );
+    let after = statuses(&rt, &client, &closed, 5, &[]);
+    println!("FAIL_CLOSED: after the trap {after:?}");
+    assert!(
+        after.get(&200).is_none(),
+        "FAIL_CLOSED fails requests after a fault: {after:?}"
+    );
+}
