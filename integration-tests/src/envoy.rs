@@ -32,6 +32,29 @@ pub fn envoy_binary() -> PathBuf {
     on_path.unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
 }
 
+/// The Envoy executable itself: the venv's `envoy` is a Python launcher,
+/// which tools such as valgrind must not be pointed at.
+pub fn envoy_executable() -> PathBuf {
+    let binary = envoy_binary();
+    let is_script = std::fs::read(&binary)
+        .map(|b| b.starts_with(b"#!"))
+        .unwrap_or(false);
+    if !is_script {
+        return binary;
+    }
+    let venv = binary
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    venv.and_then(|v| std::fs::read_dir(v.join("lib")).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("site-packages/envoy/_bin/envoy"))
+        .find(|p| p.is_file())
+        .unwrap_or(binary)
+}
+
 /// `$ADAPTIVE_HEDGE_WASM`, else `build/adaptive_hedge.wasm` (`make build`).
 pub fn wasm_path() -> PathBuf {
     std::env::var_os("ADAPTIVE_HEDGE_WASM")
@@ -64,6 +87,8 @@ pub struct EnvoyOptions {
     /// Start Envoy through this program (e.g. `func-e run`) instead of
     /// running the binary directly.
     pub launcher: Option<Launcher>,
+    /// How long to wait for `/ready` (30 s; more under valgrind).
+    pub ready_timeout: Duration,
 }
 
 /// A program that runs Envoy for us: `program args... -c config ...`, with
@@ -86,7 +111,13 @@ impl EnvoyOptions {
             wasm: None,
             cpu: None,
             launcher: None,
+            ready_timeout: Duration::from_secs(30),
         }
+    }
+
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
     }
 
     pub fn launcher(mut self, launcher: Launcher) -> Self {
@@ -283,7 +314,7 @@ impl Envoy {
             listener_port,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + opts.ready_timeout;
         loop {
             if let Ok(Some(status)) = envoy.child.try_wait() {
                 return Err(format!(
@@ -295,7 +326,11 @@ impl Envoy {
                 return Ok(envoy);
             }
             if Instant::now() > deadline {
-                return Err(format!("envoy not ready after 30s:\n{}", envoy.log()));
+                return Err(format!(
+                    "envoy not ready after {:?}:\n{}",
+                    opts.ready_timeout,
+                    envoy.log()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -322,6 +357,10 @@ impl Envoy {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok((out.status.success(), text))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -3,6 +3,7 @@
 //! ([`load`]). Every server listens on 127.0.0.1 on a port picked at run time
 //! and is stopped when its handle drops.
 
+pub mod callgrind;
 pub mod envoy;
 pub mod load;
 pub mod scenario;

@@ -1,0 +1,119 @@
+//! The filter's cost in instructions: Envoy (1 worker) under valgrind's
+//! callgrind, which counts the instructions it executes. Unlike CPU time on
+//! a shared VM, the count is repeatable, so differences of a few percent
+//! between configurations are real.
+//!
+//! Per configuration: warm up, zero the counters, send `requests` at a low
+//! rate, dump; zero, stay idle as long, dump; per request = (load - idle) /
+//! requests, so the timer work of the idle period (ticks, stats flushes) is
+//! not charged to requests.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::envoy::{envoy_executable, Envoy, EnvoyOptions, Launcher};
+use crate::load;
+use crate::sim::{Latency, Simulator};
+
+/// Instructions per request and per idle second.
+#[derive(Clone, Copy, Debug)]
+pub struct Count {
+    pub per_request: f64,
+    pub idle_per_second: f64,
+}
+
+pub fn available() -> bool {
+    Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn control(pid: u32, what: &str) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args([what, &pid.to_string()])
+        .output()
+        .map_err(|e| format!("callgrind_control: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("callgrind_control {what} failed"))
+    }
+}
+
+/// The `totals:` of the dump file `path`, waiting for it to appear.
+fn totals(path: &Path) -> Result<f64, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Some(n) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("totals:"))
+                .and_then(|n| n.trim().parse::<f64>().ok())
+            {
+                return Ok(n);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no callgrind totals in {}", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Counts one configuration (its upstream ports are replaced by one instant host).
+pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, String> {
+    let sim = Simulator::start(vec![Latency::fixed_ms(0)]).map_err(|e| e.to_string())?;
+    let port = sim.ports().first().copied().unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "adaptive-hedge-callgrind-{}-{}",
+        std::process::id(),
+        crate::envoy::free_port()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let out = dir.join("callgrind.out");
+    let mut options = options
+        .concurrency(1)
+        .ready_timeout(Duration::from_secs(180));
+    options.upstream_ports = vec![port; options.upstream_ports.len()];
+    let envoy = Envoy::start(options.launcher(Launcher {
+        program: "valgrind".into(),
+        args: vec![
+            "--tool=callgrind".into(),
+            "--smc-check=all-non-file".into(), // V8 writes the wasm code it runs
+            format!("--callgrind-out-file={}", out.display()),
+            envoy_executable().display().to_string(),
+        ],
+        env: Vec::new(),
+    }))?;
+    let rt = crate::runtime();
+    let client = load::client();
+    let url = envoy.url("/");
+    let timeout = Duration::from_secs(30);
+    let warm = rt.block_on(load::open_loop(&client, &url, rate, 300, timeout));
+    if warm.ok() < 300 {
+        return Err(format!("warm-up failed: {}", warm.summary()));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = envoy.pid();
+    control(pid, "-z")?;
+    let started = Instant::now();
+    let run = rt.block_on(load::open_loop(&client, &url, rate, requests, timeout));
+    let busy = started.elapsed();
+    control(pid, "-d")?;
+    if run.ok() < requests {
+        return Err(format!("load failed: {}", run.summary()));
+    }
+    control(pid, "-z")?;
+    std::thread::sleep(busy);
+    control(pid, "-d")?;
+    let loaded = totals(&dir.join("callgrind.out.1"))?;
+    let idle = totals(&dir.join("callgrind.out.2"))?;
+    drop(envoy);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Count {
+        per_request: (loaded - idle) / requests as f64,
+        idle_per_second: idle / busy.as_secs_f64(),
+    })
+}
