@@ -11,6 +11,8 @@
 #                to run the binary directly)
 #   make oci     the plugin as an OCI image (compat format) in build/oci
 #   make oci-pin write its digest into the Istio and Gateway manifests
+#   make soak    60 s at a high rate over 200 clusters, with and without the
+#                filter: errors, Envoy memory, shared memory per cluster
 #   make fuzz    coverage-guided fuzzing (cargo fuzz, nightly) of the config
 #                parser, the shared-state decoder and the header parser;
 #                FUZZ_SECONDS per target (default 60)
@@ -27,7 +29,7 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+.PHONY: soak fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
 FUNC_E_VERSION := v1.6.0
 FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
 OCI_LAYOUT := build/oci
@@ -116,6 +118,12 @@ oci: build
 
 oci-pin: oci
 	python3 tools/oci_image.py pin $(OCI_LAYOUT) $(OCI_TAG) $(DIGEST_MANIFESTS)
+
+# About 4 minutes (3 runs of 60 s plus warm-ups); SOAK_SECONDS, SOAK_RATE,
+# SOAK_CLUSTERS to change.
+soak: setup build
+	cargo build --profile e2e -p integration-tests --bin soak
+	./target/e2e/soak
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := config shared_state header_pairs

@@ -77,6 +77,9 @@ pub const CLUSTER_COUNTERS: [&str; 6] = [
 ];
 pub const CLUSTER_GAUGES: [&str; 2] = ["hedge_delay_us", "window_samples"];
 /// Worker-wide counters.
+/// Worker-wide gauges: the bytes of the cluster values in shared memory,
+/// as this worker last read or wrote them.
+pub const GLOBAL_GAUGES: [&str; 1] = ["shared_data_bytes"];
 pub const GLOBAL_COUNTERS: [&str; 4] = [
     "untracked_requests_total",
     "shared_state_resets_total",
@@ -117,6 +120,8 @@ pub struct ClusterState {
     reset_logged: bool,
     /// Latency samples taken since the last tick.
     samples_this_tick: u32,
+    /// Size of the cluster's shared value at the last sync.
+    shared_bytes: usize,
 }
 
 impl ClusterState {
@@ -135,6 +140,7 @@ impl ClusterState {
             metric_ids: None,
             reset_logged: false,
             samples_this_tick: 0,
+            shared_bytes: 0,
         }
     }
 }
@@ -157,7 +163,7 @@ pub struct Worker {
     clusters: Vec<ClusterState>,
     index: HashMap<Box<[u8]>, ClusterId>,
     global: GlobalCounters,
-    global_ids: Option<[u32; 4]>,
+    global_ids: Option<[u32; 5]>,
     registry_full_logged: bool,
 }
 
@@ -387,9 +393,13 @@ impl Worker {
             let Some(state) = self.clusters.get_mut(id) else {
                 return;
             };
+            let mut shared_bytes = 0;
             let (mut shared, cas) = match store.get(&key) {
                 Ok(Some((bytes, cas))) => match SharedCluster::decode(&bytes, geometry) {
-                    Ok(shared) => (shared, cas),
+                    Ok(shared) => {
+                        shared_bytes = bytes.len();
+                        (shared, cas)
+                    }
                     Err(e) => {
                         if !state.reset_logged {
                             state.reset_logged = true;
@@ -419,7 +429,9 @@ impl Worker {
             // unchanged value means nothing local was pending: samples,
             // requests and sent hedges each change it.
             if shared != before || cas == 0 {
-                match store.set(&key, &shared.encode(), cas) {
+                let encoded = shared.encode();
+                shared_bytes = encoded.len();
+                match store.set(&key, &encoded, cas) {
                     Ok(()) => {}
                     Err(StoreError::CasMismatch) => {
                         self.global.0[CONFLICTS] += 1;
@@ -435,6 +447,7 @@ impl Worker {
             state.requests_unsynced = 0;
             state.sent_unsynced = 0;
             state.budget = budget;
+            state.shared_bytes = shared_bytes;
             let window = shared.window.snapshot(now_ms);
             state.window_samples = window.count();
             // the current slice and the one before: one to two slices of samples
@@ -458,7 +471,7 @@ impl Worker {
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
         let ids = match self.global_ids {
             Some(ids) => Some(ids),
-            None => define_all(sink, &GLOBAL_COUNTERS, &[], None),
+            None => define_all(sink, &GLOBAL_COUNTERS, &GLOBAL_GAUGES, None),
         };
         self.global_ids = ids;
         if let Some(ids) = ids {
@@ -467,6 +480,10 @@ impl Worker {
                     sink.add(*id, *n);
                     *n = 0;
                 }
+            }
+            let shared_bytes: usize = self.clusters.iter().map(|c| c.shared_bytes).sum();
+            if let Some(id) = ids.get(GLOBAL_COUNTERS.len()) {
+                sink.set(*id, shared_bytes as u64);
             }
         }
         for state in self
