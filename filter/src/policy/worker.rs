@@ -481,8 +481,10 @@ impl Worker {
                     *n = 0;
                 }
             }
+            // Every VM sets the same gauge; one without clusters (Envoy's
+            // main thread) would overwrite the workers' value with 0.
             let shared_bytes: usize = self.clusters.iter().map(|c| c.shared_bytes).sum();
-            if let Some(id) = ids.get(GLOBAL_COUNTERS.len()) {
+            if let (Some(id), true) = (ids.get(GLOBAL_COUNTERS.len()), shared_bytes > 0) {
                 sink.set(*id, shared_bytes as u64);
             }
         }

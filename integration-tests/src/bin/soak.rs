@@ -56,12 +56,20 @@ fn many_clusters(options: EnvoyOptions, n: usize, ports: &[u16]) -> EnvoyOptions
 
 fn run(name: &str, options: EnvoyOptions, clusters: usize, rate: f64, seconds: u64) -> Outcome {
     let envoy = Envoy::start(options).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let urls: Vec<String> = (0..clusters).map(|i| envoy.url(&format!("/c/{i}/"))).collect();
+    let urls: Vec<String> = (0..clusters)
+        .map(|i| envoy.url(&format!("/c/{i}/")))
+        .collect();
     let client = load::client();
     let rt = integration_tests::runtime();
     let timeout = Duration::from_secs(10);
     println!("{name}: warm-up 10 s");
-    rt.block_on(load::open_loop_mixed(&client, &urls, rate, (rate * 10.0) as u64, timeout));
+    rt.block_on(load::open_loop_mixed(
+        &client,
+        &urls,
+        rate,
+        (rate * 10.0) as u64,
+        timeout,
+    ));
     let mut result = LoadResult::new();
     let mut rss = vec![(0.0, rss_kib(envoy.pid()))];
     let started = Instant::now();
@@ -91,6 +99,14 @@ fn run(name: &str, options: EnvoyOptions, clusters: usize, rate: f64, seconds: u
     let tracked = (0..clusters)
         .filter(|i| stats.contains_key(&format!("wasmcustom.adaptive_hedge.requests_total.c{i}")))
         .count();
+    if std::env::var_os("SOAK_VERBOSE").is_some() {
+        println!("  c0: {}", envoy.filter_stats("c0"));
+        for (k, v) in &stats {
+            if k.starts_with("wasmcustom.adaptive_hedge.") && !k.contains(".c") {
+                println!("  {k} = {v}");
+            }
+        }
+    }
     envoy.assert_no_vm_failure();
     Outcome {
         name: name.to_string(),
@@ -109,7 +125,12 @@ fn run(name: &str, options: EnvoyOptions, clusters: usize, rate: f64, seconds: u
 }
 
 fn main() {
-    let env = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let env = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     let (seconds, rate, clusters) = (
         env("SOAK_SECONDS", 60.0) as u64,
         env("SOAK_RATE", 1500.0),
@@ -119,8 +140,14 @@ fn main() {
     let ports = sim.ports().to_vec();
     let limit = clusters / 2;
     let configs = [
-        ("Envoy, no filter", EnvoyOptions::new("envoy-baseline.yaml", &ports)),
-        ("adaptive-hedge (defaults)", EnvoyOptions::new("envoy.yaml", &ports)),
+        (
+            "Envoy, no filter",
+            EnvoyOptions::new("envoy-baseline.yaml", &ports),
+        ),
+        (
+            "adaptive-hedge (defaults)",
+            EnvoyOptions::new("envoy.yaml", &ports),
+        ),
         (
             "adaptive-hedge, max_clusters = half",
             EnvoyOptions::new("envoy.yaml", &ports)
@@ -161,20 +188,26 @@ fn main() {
             o.untracked
         );
     }
-    let baseline_errors = outcomes
-        .first()
-        .map_or(0, |o| o.result.sent - o.result.statuses.get(&200).copied().unwrap_or(0));
+    let baseline_errors = outcomes.first().map_or(0, |o| {
+        o.result.sent - o.result.statuses.get(&200).copied().unwrap_or(0)
+    });
     let mut failed = false;
     for o in outcomes.iter().skip(1) {
         let errors = o.result.sent - o.result.statuses.get(&200).copied().unwrap_or(0);
         if errors > baseline_errors {
-            println!("FAIL: {}: {errors} errors, the baseline had {baseline_errors}", o.name);
+            println!(
+                "FAIL: {}: {errors} errors, the baseline had {baseline_errors}",
+                o.name
+            );
             failed = true;
         }
         let first = o.rss.get(1).map_or(0, |r| r.1) as f64;
         let last = o.rss.last().map_or(0, |r| r.1) as f64;
         if last > first * 1.10 + 4096.0 {
-            println!("FAIL: {}: RSS grew from {first} to {last} KiB after warm-up", o.name);
+            println!(
+                "FAIL: {}: RSS grew from {first} to {last} KiB after warm-up",
+                o.name
+            );
             failed = true;
         }
     }
