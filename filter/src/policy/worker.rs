@@ -20,6 +20,10 @@ use super::window::WindowGeometry;
 /// the next tick (contention is between a handful of workers).
 const CAS_ATTEMPTS: u32 = 8;
 
+/// A worker's local cluster table holds up to this many times `max_clusters`
+/// names (tracked, pending or refused by the shared registry).
+const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
+
 /// Latency samples a worker takes per tick at most (1,280/s at the default
 /// 200 ms tick; a 30 s window then holds up to ~38,000 per worker). Taking
 /// the first requests of each tick is unbiased: when a request starts within
@@ -238,7 +242,13 @@ impl Worker {
         if let Some(&id) = self.index.get(name) {
             return Some(id);
         }
-        if self.clusters.len() >= self.config.max_clusters || name.len() > MAX_CLUSTER_NAME {
+        // Room for twice the limit: the registry decides which clusters are
+        // tracked, and a worker whose first names were refused there (other
+        // workers registered theirs first) must still be able to take the
+        // clusters that were registered. Memory stays bounded either way.
+        if self.clusters.len() >= LOCAL_CLUSTERS_PER_LIMIT * self.config.max_clusters
+            || name.len() > MAX_CLUSTER_NAME
+        {
             return None;
         }
         let text = std::str::from_utf8(name).ok()?.to_string();
@@ -755,14 +765,38 @@ mod tests {
         a.sync(T0 + 200, &store, &mut log);
         let (_, d) = a.on_request(Some(b"three"), b"GET");
         assert_eq!(d, Decision::Skip(Skip::Untracked));
-        // the local map is bounded too
-        let (_, d) = a.on_request(Some(b"four"), b"GET");
+        // the local map is bounded too (twice the limit)
+        traffic(&mut a, "four", 1, 1000);
+        traffic(&mut a, "five", 1, 1000);
+        let (_, d) = a.on_request(Some(b"six"), b"GET");
         assert_eq!(d, Decision::Skip(Skip::Untracked));
         assert_eq!(log.0.len(), 1);
         let mut stats = Stats::default();
         a.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.untracked_requests_total"), 2);
         assert!(!stats.names.iter().any(|n| n.ends_with(".three")));
+    }
+
+    /// Worker a's first names were refused by the registry (b registered
+    /// its clusters first); a can still track the registered ones.
+    #[test]
+    fn a_worker_full_of_refused_names_still_tracks_registered_clusters() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 2, "min_samples": 1}"#);
+        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        traffic(&mut b, "b1", 5, 1000);
+        traffic(&mut b, "b2", 5, 1000);
+        b.sync(T0, &store, &mut log);
+        traffic(&mut a, "a1", 5, 1000);
+        traffic(&mut a, "a2", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        traffic(&mut a, "b1", 20, 1000); // earns the tokens of a hedge
+        a.sync(T0 + 200, &store, &mut log);
+        let (_, d) = a.on_request(Some(b"b1"), b"GET");
+        assert!(matches!(d, Decision::Arm(_)), "{d:?}");
+        let (_, d) = a.on_request(Some(b"a1"), b"GET");
+        assert_eq!(d, Decision::Skip(Skip::Untracked));
     }
 
     #[test]
