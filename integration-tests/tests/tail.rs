@@ -37,12 +37,13 @@ fn attempt() -> (Report, Report) {
 
 /// p99 with the filter at most half of p99 without. This VM's CPU is
 /// sometimes slowed from outside for seconds at a time (its p90 doubles),
-/// which inflates both tails and squeezes their ratio: a second attempt is
-/// allowed. A real regression fails both; every other assertion holds in each.
+/// which inflates both tails and squeezes their ratio: up to three attempts
+/// (ratios seen: 0.30-0.45 when quiet, 0.6-1.1 while slowed). A real
+/// regression fails all three; every other assertion holds in each.
 #[test]
 fn the_tail_is_cut() {
     let mut ratios = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let (base, hedged) = attempt();
         let ratio = hedged.main().ms(0.99) / base.main().ms(0.99);
         ratios.push(ratio);
@@ -50,5 +51,5 @@ fn the_tail_is_cut() {
             return;
         }
     }
-    panic!("p99 with the filter / p99 without = {ratios:.2?}: not halved in either attempt");
+    panic!("p99 with the filter / p99 without = {ratios:.2?}: not halved in any attempt");
 }
