@@ -22,14 +22,15 @@ pub fn envoy_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("ENVOY").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join("envoy"))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_default();
-    on_path.unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
+    on_path("envoy").unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
+}
+
+/// A program of that name in a `PATH` directory.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 /// The Envoy executable itself: the venv's `envoy` is a Python launcher,

@@ -26,19 +26,14 @@ const MANIFESTS: [&str; 2] = [
     "envoy-configs/gateway/adaptive-hedge.yaml",
 ];
 
-/// A tool this test needs; CI installs them (`make setup-deploy`).
+/// A tool this test needs; CI installs them (`make setup-deploy`). `go
+/// install` puts func-e in ~/go/bin, which need not be on `PATH`.
 fn tool(name: &str) -> PathBuf {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let candidates = std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .map(PathBuf::from)
-        .chain([Path::new(&home).join("go/bin")])
-        .map(|d| d.join(name))
-        .collect::<Vec<_>>();
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
+    let go_bin = Path::new(&std::env::var("HOME").unwrap_or_default())
+        .join("go/bin")
+        .join(name);
+    envoy::on_path(name)
+        .or_else(|| go_bin.is_file().then_some(go_bin))
         .unwrap_or_else(|| {
             panic!("{name} not found: run `make setup-deploy` (docker-compose, skopeo, umoci from Debian; func-e by go install)")
         })

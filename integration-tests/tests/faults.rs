@@ -82,15 +82,28 @@ fn warm(rt: &tokio::runtime::Runtime, client: &Client, envoy: &Envoy) {
     rt.block_on(common::warm_up(client, envoy, "/", 100, 2));
 }
 
+/// Three fast hosts and an Envoy with the filter (its options from the
+/// hosts' ports), after warm-up.
+fn warmed(
+    options: impl FnOnce(&[u16]) -> EnvoyOptions,
+) -> (Simulator, Envoy, Client, tokio::runtime::Runtime) {
+    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
+    let envoy = Envoy::start(options(sim.ports())).unwrap();
+    let (client, rt) = (load::client(), runtime());
+    warm(&rt, &client, &envoy);
+    (sim, envoy, client, rt)
+}
+
+fn quick(ports: &[u16]) -> EnvoyOptions {
+    EnvoyOptions::new("envoy.yaml", ports).plugin_config(QUICK)
+}
+
 /// A 503 storm: every attempt fails fast. With `retry_on: 5xx` each armed
 /// request is retried at once; those retries are paid from the same budget
 /// as hedges, so the storm is not doubled.
 #[test]
 fn a_503_storm_is_not_amplified_past_the_budget() {
-    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
-    let envoy = adaptive(sim.ports(), QUICK);
-    let (client, rt) = (load::client(), runtime());
-    warm(&rt, &client, &envoy);
+    let (sim, envoy, client, rt) = warmed(quick);
     sim.reset_counts();
     let requests = 3000u64;
     let run = rt.block_on(load::open_loop_with_headers(
@@ -212,10 +225,7 @@ fn warm_tolerant(rt: &tokio::runtime::Runtime, client: &Client, envoy: &Envoy) {
 /// the filter settles the budget of each, and keeps serving.
 #[test]
 fn clients_that_disconnect_mid_request() {
-    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
-    let envoy = adaptive(sim.ports(), QUICK);
-    let (client, rt) = (load::client(), runtime());
-    warm(&rt, &client, &envoy);
+    let (sim, envoy, client, rt) = warmed(quick);
     rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..40 {
@@ -250,17 +260,13 @@ fn clients_that_disconnect_mid_request() {
 /// makes exactly one upstream attempt to a fast host.
 #[test]
 fn hostile_control_header_values_change_nothing() {
-    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
     // min_delay 50 ms: the filter's own hedges never fire on these fast
     // hosts, so every extra attempt would be the client's doing
-    let envoy = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports())
+    let (sim, envoy, client, rt) = warmed(|ports| {
+        EnvoyOptions::new("envoy.yaml", ports)
             .plugin_config(r#"{"min_samples": 20, "min_delay": "50ms"}"#)
-            .trust_loopback_clients(),
-    )
-    .unwrap();
-    let (client, rt) = (load::client(), runtime());
-    warm(&rt, &client, &envoy);
+            .trust_loopback_clients()
+    });
     let huge = "9".repeat(4096);
     let hostile: Vec<Vec<(&str, &str)>> = vec![
         vec![("x-envoy-upstream-rq-per-try-timeout-ms", huge.as_str())],
@@ -338,15 +344,7 @@ fn fault_wasm() -> std::path::PathBuf {
 /// hedging recovers.
 #[test]
 fn corrupt_shared_data_is_reset_and_hedging_recovers() {
-    let sim = Simulator::start(vec![fast(), fast(), fast()]).unwrap();
-    let envoy = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports())
-            .wasm(fault_wasm())
-            .plugin_config(QUICK),
-    )
-    .unwrap();
-    let (client, rt) = (load::client(), runtime());
-    warm(&rt, &client, &envoy);
+    let (_sim, envoy, client, rt) = warmed(|ports| quick(ports).wasm(fault_wasm()));
     for fault in ["corrupt-shared-data", "foreign-version"] {
         let got = statuses(
             &rt,

@@ -42,9 +42,22 @@ fn signed(micros: u64) -> i64 {
     i64::try_from(micros).unwrap_or(i64::MAX)
 }
 
+/// A cluster's budget in micro-tokens, derived once from its policy
+/// (`decision::budget_terms`), not per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BudgetTerms {
+    /// Earned per request.
+    pub share: u64,
+    /// Most free tokens a worker (and the shared pool) keeps; most debt.
+    pub burst: u64,
+    /// Set aside per armed hedge (its expected cost, at most one token).
+    pub set_aside: u64,
+}
+
 /// One worker's tokens for one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalBudget {
+    terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
     free: i64,
     /// What the armed requests in flight would cost beyond their set-asides
@@ -53,31 +66,50 @@ pub struct LocalBudget {
 }
 
 impl LocalBudget {
+    pub fn new(terms: BudgetTerms) -> Self {
+        LocalBudget {
+            terms,
+            free: 0,
+            exposure: 0,
+        }
+    }
+
+    pub fn terms(&self) -> BudgetTerms {
+        self.terms
+    }
+
     pub fn free_tokens(&self) -> f64 {
         self.free as f64 / MICROS_PER_TOKEN as f64
     }
 
-    /// A request arrived for the cluster (`share` and `burst` in micro-tokens).
-    pub fn earn(&mut self, share: u64, burst: u64) {
-        let burst = signed(burst);
+    fn set_aside(&self) -> i64 {
+        signed(self.terms.set_aside).min(TOKEN)
+    }
+
+    /// A request arrived for the cluster.
+    pub fn earn(&mut self) {
+        let burst = signed(self.terms.burst);
         if self.free < burst {
-            self.free = self.free.saturating_add(signed(share)).min(burst);
+            self.free = self
+                .free
+                .saturating_add(signed(self.terms.share))
+                .min(burst);
         }
     }
 
     /// Arms up to `wanted` hedges: as many as there are whole free tokens,
     /// and as keep the worst-case debt within `burst`. Sets aside
     /// `set_aside` micro-tokens for each; returns how many.
-    pub fn reserve(&mut self, wanted: u32, set_aside: u64, burst: u64) -> u32 {
+    pub fn reserve(&mut self, wanted: u32) -> u32 {
         let headroom = self
             .free
             .saturating_sub(self.exposure)
-            .saturating_add(signed(burst));
+            .saturating_add(signed(self.terms.burst));
         // a whole free token per hedge, and the worst case within a burst
         let n = (headroom / TOKEN)
             .min(self.free / TOKEN)
             .clamp(0, i64::from(wanted));
-        let set_aside = signed(set_aside).min(TOKEN);
+        let set_aside = self.set_aside();
         self.free = self.free.saturating_sub(n.saturating_mul(set_aside));
         self.exposure = self
             .exposure
@@ -86,8 +118,8 @@ impl LocalBudget {
     }
 
     /// The request armed with `reserved` hedges ended having sent `sent`.
-    pub fn settle(&mut self, reserved: u32, sent: u32, set_aside: u64) {
-        let set_aside = signed(set_aside).min(TOKEN);
+    pub fn settle(&mut self, reserved: u32, sent: u32) {
+        let set_aside = self.set_aside();
         let reserved = i64::from(reserved);
         let paid = i64::from(sent).saturating_mul(TOKEN);
         self.free = self
@@ -102,7 +134,8 @@ impl LocalBudget {
 
     /// Balances this worker's tokens against the cluster's shared pool
     /// (micro-tokens); neither side keeps more than `burst` after it.
-    pub fn rebalance(&mut self, pool: &mut u64, burst: u64) {
+    pub fn rebalance(&mut self, pool: &mut u64) {
+        let burst = self.terms.burst;
         let cap = signed(burst);
         if self.free > cap {
             *pool = pool.saturating_add(self.free.abs_diff(cap));
@@ -120,59 +153,69 @@ impl LocalBudget {
 mod tests {
     use super::*;
 
-    const SHARE: u64 = 100_000; // 10%
     const BURST: u64 = 10 * MICROS_PER_TOKEN;
-    const ASIDE: u64 = 80_000; // the delay is the p92
+    const TERMS: BudgetTerms = BudgetTerms {
+        share: 100_000, // 10%
+        burst: BURST,
+        set_aside: 80_000, // the delay is the p92
+    };
+
+    fn budget(free: i64) -> LocalBudget {
+        LocalBudget {
+            free,
+            ..LocalBudget::new(TERMS)
+        }
+    }
 
     #[test]
     fn earns_a_share_of_requests_up_to_burst() {
-        let mut b = LocalBudget::default();
+        let mut b = LocalBudget::new(TERMS);
         for _ in 0..10 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
         assert_eq!(b.free_tokens(), 1.0);
         for _ in 0..1000 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
         assert_eq!(b.free_tokens(), 10.0);
     }
 
     #[test]
     fn arming_keeps_the_worst_case_debt_within_one_burst() {
-        let mut b = LocalBudget::default();
-        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "no free token, no hedge");
+        let mut b = LocalBudget::new(TERMS);
+        assert_eq!(b.reserve(1), 0, "no free token, no hedge");
         for _ in 0..200 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
-        let armed: u32 = (0..100).map(|_| b.reserve(1, ASIDE, BURST)).sum();
+        let armed: u32 = (0..100).map(|_| b.reserve(1)).sum();
         assert_eq!(armed, 20);
         for _ in 0..armed {
-            b.settle(1, 1, ASIDE); // a stall: every one of them hedged
+            b.settle(1, 1); // a stall: every one of them hedged
         }
         assert!((b.free_tokens() + 10.0).abs() < 1e-9, "{}", b.free_tokens());
-        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "in debt");
+        assert_eq!(b.reserve(1), 0, "in debt");
         for _ in 0..105 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
-        assert_eq!(b.reserve(1, ASIDE, BURST), 0, "repaid, 0.5 free");
+        assert_eq!(b.reserve(1), 0, "repaid, 0.5 free");
         for _ in 0..5 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
-        assert_eq!(b.reserve(3, ASIDE, BURST), 1, "one token free: one hedge");
+        assert_eq!(b.reserve(3), 1, "one token free: one hedge");
     }
 
     #[test]
     fn a_full_budget_arms_two_bursts_of_requests_at_once() {
-        let mut b = LocalBudget::default();
+        let mut b = LocalBudget::new(TERMS);
         for _ in 0..200 {
-            b.earn(SHARE, BURST);
+            b.earn();
         }
         // a client that stalled catches up: 30 requests at once
-        let armed: u32 = (0..30).map(|_| b.reserve(1, ASIDE, BURST)).sum();
+        let armed: u32 = (0..30).map(|_| b.reserve(1)).sum();
         assert_eq!(armed, 20);
         // they end; 3 of them hedged: the budget is 10 - 3 tokens
         for i in 0..armed {
-            b.settle(1, u32::from(i < 3), ASIDE);
+            b.settle(1, u32::from(i < 3));
         }
         assert!((b.free_tokens() - 7.0).abs() < 1e-9, "{}", b.free_tokens());
         assert_eq!(b.exposure, 0);
@@ -182,32 +225,19 @@ mod tests {
     fn rebalance_moves_surplus_through_the_pool() {
         const T: i64 = TOKEN;
         const U: u64 = MICROS_PER_TOKEN;
-        let (mut rich, mut poor, mut pool) = (
-            LocalBudget {
-                free: 14 * T,
-                exposure: 0,
-            },
-            LocalBudget::default(),
-            0,
-        );
-        rich.rebalance(&mut pool, BURST);
+        let (mut rich, mut poor, mut pool) = (budget(14 * T), LocalBudget::new(TERMS), 0);
+        rich.rebalance(&mut pool);
         assert_eq!((rich.free, pool), (10 * T, 4 * U));
-        poor.rebalance(&mut pool, BURST);
+        poor.rebalance(&mut pool);
         assert_eq!((poor.free, pool), (4 * T, 0));
         // a worker in debt repays from the pool
         let mut pool = 5 * U;
-        let mut owing = LocalBudget {
-            free: -3 * T,
-            exposure: 0,
-        };
-        owing.rebalance(&mut pool, BURST);
+        let mut owing = budget(-3 * T);
+        owing.rebalance(&mut pool);
         assert_eq!((owing.free, pool), (2 * T, 0));
         // the pool never holds more than one burst
-        let mut flush = LocalBudget {
-            free: 50 * T,
-            exposure: 0,
-        };
-        flush.rebalance(&mut pool, BURST);
+        let mut flush = budget(50 * T);
+        flush.rebalance(&mut pool);
         assert_eq!(pool, BURST);
     }
 
@@ -215,18 +245,17 @@ mod tests {
     /// delay: each armed request sends its hedge. Two workers share the pool.
     #[test]
     fn outage_stays_within_budget_plus_burst_plus_requests_in_flight() {
-        let (share, burst) = (SHARE, BURST);
-        let mut workers = [LocalBudget::default(), LocalBudget::default()];
+        let mut workers = [LocalBudget::new(TERMS), LocalBudget::new(TERMS)];
         let mut pool = 0;
         // healthy minute first: the budget fills up (nothing is hedged)
         for i in 0..60_000u64 {
             let w = &mut workers[(i % 2) as usize];
-            w.earn(share, burst);
-            let r = w.reserve(1, ASIDE, burst);
-            w.settle(r, 0, ASIDE);
+            w.earn();
+            let r = w.reserve(1);
+            w.settle(r, 0);
             if i % 200 == 0 {
                 for w in workers.iter_mut() {
-                    w.rebalance(&mut pool, burst);
+                    w.rebalance(&mut pool);
                 }
             }
         }
@@ -237,17 +266,17 @@ mod tests {
         let requests = 60_000u64;
         for i in 0..requests {
             let wi = (i % 2) as usize;
-            workers[wi].earn(share, burst);
-            let r = workers[wi].reserve(1, ASIDE, burst);
+            workers[wi].earn();
+            let r = workers[wi].reserve(1);
             in_flight.push_back((wi, r));
             if in_flight.len() > in_flight_max {
                 let (wj, r) = in_flight.pop_front().unwrap();
                 hedges += u64::from(r); // slow: every armed request hedges
-                workers[wj].settle(r, r, ASIDE);
+                workers[wj].settle(r, r);
             }
             if i % 200 == 0 {
                 for w in workers.iter_mut() {
-                    w.rebalance(&mut pool, burst);
+                    w.rebalance(&mut pool);
                 }
             }
         }

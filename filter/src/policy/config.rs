@@ -79,16 +79,6 @@ impl Default for ClusterPolicy {
 }
 
 impl ClusterPolicy {
-    /// Budget earned per request, in micro-tokens.
-    pub fn share_micro(&self) -> u64 {
-        super::budget::micro_tokens(self.budget_share)
-    }
-
-    /// Most tokens saved while idle, in micro-tokens.
-    pub fn burst_micro(&self) -> u64 {
-        super::budget::micro_tokens(self.budget_burst)
-    }
-
     pub fn allows_method(&self, method: &[u8]) -> bool {
         self.idempotent_methods
             .iter()

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use super::budget::{micro_tokens, LocalBudget};
+use super::budget::{micro_tokens, BudgetTerms, LocalBudget};
 use super::config::ClusterPolicy;
 use super::sketch::Sketch;
 
@@ -81,10 +81,15 @@ pub fn trigger_quantile(policy: &ClusterPolicy) -> f64 {
 /// very high percentiles.
 const MIN_SET_ASIDE: f64 = 0.05;
 
-/// What an armed request sets aside per hedge, in micro-tokens: the share of
-/// requests expected to outlive the delay (see `budget`).
-pub fn hedge_set_aside(policy: &ClusterPolicy) -> u64 {
-    micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE))
+/// A cluster's budget terms, derived once when the cluster is first seen.
+/// An armed request sets aside per hedge the share of requests expected to
+/// outlive the delay (see `budget`).
+pub fn budget_terms(policy: &ClusterPolicy) -> BudgetTerms {
+    BudgetTerms {
+        share: micro_tokens(policy.budget_share),
+        burst: micro_tokens(policy.budget_burst),
+        set_aside: micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE)),
+    }
 }
 
 /// What to do with one request.
@@ -163,11 +168,7 @@ pub fn decide(
     let Some(delay) = delay else {
         return Decision::Skip(Skip::WarmingUp);
     };
-    match budget.reserve(
-        policy.max_hedges,
-        hedge_set_aside(policy),
-        policy.burst_micro(),
-    ) {
+    match budget.reserve(policy.max_hedges) {
         0 => Decision::Skip(Skip::BudgetExhausted),
         hedges => Decision::Arm(Hedge {
             per_try_timeout_ms: delay.per_try_timeout_ms,
@@ -189,9 +190,9 @@ mod tests {
     }
 
     fn funded() -> LocalBudget {
-        let mut b = LocalBudget::default();
+        let mut b = LocalBudget::new(budget_terms(&ClusterPolicy::default()));
         for _ in 0..100 {
-            b.earn(100_000, 10_000_000);
+            b.earn();
         }
         b
     }
@@ -371,13 +372,13 @@ mod tests {
             delay_us: 1000,
             per_try_timeout_ms: 1,
         });
-        let mut b = LocalBudget::default();
+        let mut b = LocalBudget::new(budget_terms(&policy));
         assert_eq!(
             decide(&policy, delay, b"GET", &mut b),
             Decision::Skip(Skip::BudgetExhausted)
         );
         for _ in 0..25 {
-            b.earn(100_000, 10_000_000);
+            b.earn();
         }
         // 2.5 tokens: two of the three hedges are paid for
         assert_eq!(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
-use super::decision::{decide, hedge_delay, hedge_set_aside, Decision, HedgeDelay, Skip};
+use super::decision::{budget_terms, decide, hedge_delay, Decision, HedgeDelay, Skip};
 use super::shared_state::{
     cluster_key, Registry, SharedCluster, SharedStore, StoreError, MAX_CLUSTER_NAME, REGISTRY_KEY,
 };
@@ -130,13 +130,14 @@ pub struct ClusterState {
 
 impl ClusterState {
     fn new(name: String, policy: Arc<ClusterPolicy>) -> Self {
+        let budget = LocalBudget::new(budget_terms(&policy));
         ClusterState {
             name,
             policy,
             tracking: Tracking::Pending,
             hedge_delay: None,
             window_samples: 0,
-            budget: LocalBudget::default(),
+            budget,
             samples: Sketch::new(),
             requests_unsynced: 0,
             sent_unsynced: 0,
@@ -210,9 +211,7 @@ impl Worker {
         }
         state.counters.requests += 1;
         state.requests_unsynced += 1;
-        state
-            .budget
-            .earn(state.policy.share_micro(), state.policy.burst_micro());
+        state.budget.earn();
         let decision = decide(&state.policy, state.hedge_delay, method, &mut state.budget);
         match decision {
             Decision::Arm(h) => state.counters.hedges_armed += u64::from(h.hedges),
@@ -232,9 +231,7 @@ impl Worker {
             state.counters.requests += 1;
             state.counters.ineligible += 1;
             state.requests_unsynced += 1;
-            state
-                .budget
-                .earn(state.policy.share_micro(), state.policy.burst_micro());
+            state.budget.earn();
         }
     }
 
@@ -279,9 +276,7 @@ impl Worker {
             None => u64::from(reserved),
         };
         let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
-        state
-            .budget
-            .settle(reserved, sent, hedge_set_aside(&state.policy));
+        state.budget.settle(reserved, sent);
         state.counters.hedges_sent += extra;
         state.counters.hedges_refunded += u64::from(reserved - sent);
         state.sent_unsynced += extra;
@@ -432,7 +427,7 @@ impl Worker {
             let mut budget = state.budget.clone();
             shared.window.merge(now_ms, &state.samples);
             shared.window.expire(now_ms);
-            budget.rebalance(&mut shared.pool, state.policy.burst_micro());
+            budget.rebalance(&mut shared.pool);
             shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
             shared.hedges_sent_total = shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
             // Write only if something changed (or the key is new). An

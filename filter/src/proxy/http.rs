@@ -154,23 +154,20 @@ fn strip_control_headers() {
     }
 }
 
-/// The request's method and whether it carries any control header, in one
-/// host call. If the headers cannot be read, the method is unknown (so the
-/// request is not armed) and control headers are assumed present (so they
-/// are stripped): the safe side of both.
-fn read_request() -> (Vec<u8>, bool) {
-    let pairs = host::request_header_pairs().ok().flatten();
-    match pairs.as_deref().and_then(|b| scan(b, &CONTROL_HEADERS)) {
-        Some(h) => (h.method.to_vec(), h.has_any),
-        None => (Vec::new(), true),
-    }
-}
-
 impl Context for HedgeHttp {}
 
 impl HttpContext for HedgeHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let (method, client_set_controls) = read_request();
+        // The method and whether any control header is present, from one
+        // host call (borrowed from the buffer, not copied). If the headers
+        // cannot be read, the method is unknown (so the request is not
+        // armed) and control headers are assumed present (so they are
+        // stripped): the safe side of both.
+        let pairs = host::request_header_pairs().ok().flatten();
+        let (method, client_set_controls) = pairs
+            .as_deref()
+            .and_then(|b| scan(b, &CONTROL_HEADERS))
+            .map_or((&b""[..], true), |h| (h.method, h.has_any));
         // Clients never switch hedging on by themselves: Envoy strips their
         // x-envoy-* headers unless it trusts them as internal; this covers
         // the trusted case. Stripping only when present saves five calls.
@@ -198,7 +195,7 @@ impl HttpContext for HedgeHttp {
             strip();
             return Action::Continue;
         };
-        let (id, decision) = w.on_request(cluster.as_deref(), &method);
+        let (id, decision) = w.on_request(cluster.as_deref(), method);
         self.cluster = id;
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
