@@ -10,12 +10,17 @@
 //! NUL byte; integers little-endian. The buffer comes from the host: it is
 //! parsed defensively (a malformed buffer is `None`, never a panic).
 
+use crate::policy::hold::FIRST_BYTE_MARKER;
+
 /// What the filter reads from the request headers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestHeaders<'a> {
     pub method: &'a [u8],
     /// Whether any header in `names` (lower-case) is present.
     pub has_any: bool,
+    /// Whether the first-byte marker is present (a client sent it: the
+    /// downstream role sets it only after this scan).
+    pub has_marker: bool,
 }
 
 fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
@@ -43,6 +48,8 @@ pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
         data = data.checked_add(value_len)?.checked_add(1)?;
         if name == b":method" {
             found.method = value;
+        } else if name == FIRST_BYTE_MARKER.as_bytes() {
+            found.has_marker = true;
         } else if !found.has_any && names.iter().any(|n| n.as_bytes() == name) {
             found.has_any = true;
         }
@@ -90,6 +97,12 @@ mod tests {
         let h = scan(&buf, &CONTROL).unwrap();
         assert_eq!(h.method, b"POST");
         assert!(!h.has_any);
+        assert!(!h.has_marker);
+
+        let buf = serialise(&[(":method", "GET"), (FIRST_BYTE_MARKER, "1")]);
+        let h = scan(&buf, &CONTROL).unwrap();
+        assert!(h.has_marker);
+        assert!(!h.has_any, "the marker is not a router control header");
 
         let empty = serialise(&[]);
         let h = scan(&empty, &CONTROL).unwrap();

@@ -3,6 +3,7 @@
 #![no_main]
 
 use adaptive_hedge::header_pairs::{scan, serialise};
+use adaptive_hedge::policy::hold::FIRST_BYTE_MARKER;
 use libfuzzer_sys::fuzz_target;
 
 const CONTROL: [&str; 2] = ["x-envoy-max-retries", "x-envoy-retry-on"];
@@ -21,4 +22,6 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(found.method, method.unwrap_or_default());
     let control = pairs.iter().any(|(n, _)| CONTROL.contains(n));
     assert_eq!(found.has_any, control);
+    let marker = pairs.iter().any(|(n, _)| *n == FIRST_BYTE_MARKER);
+    assert_eq!(found.has_marker, marker);
 });

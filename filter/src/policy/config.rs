@@ -21,6 +21,19 @@ pub enum LatencySignal {
     FirstByte,
 }
 
+/// Which filter chain this instance of the module sits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The HTTP connection manager's chain, before the router: learns the
+    /// delay and arms Envoy's hedging (everything but the first-byte hold).
+    Downstream,
+    /// A cluster's upstream chain (`HttpProtocolOptions.http_filters`): one
+    /// context per attempt; holds a marked attempt's 2xx response headers
+    /// until its first body byte, so the router races attempts on it.
+    Upstream,
+}
+
 /// Envoy `x-envoy-retry-on` values; anything else would be ignored by Envoy,
 /// and with no valid retry-on the per-try timeout (the hedge trigger) does nothing.
 const RETRY_ON_VALUES: &[&str] = &[
@@ -89,6 +102,7 @@ impl ClusterPolicy {
 /// The validated configuration of one plugin instance.
 #[derive(Clone, Debug)]
 pub struct Config {
+    pub role: Role,
     pub defaults: Arc<ClusterPolicy>,
     pub clusters: HashMap<String, Arc<ClusterPolicy>>,
     /// Length of the rolling latency window.
@@ -109,6 +123,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            role: Role::Downstream,
             defaults: Arc::new(ClusterPolicy::default()),
             clusters: HashMap::new(),
             window: Duration::from_secs(30),
@@ -177,6 +192,7 @@ struct RawPolicy {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    role: Option<Role>,
     // The per-cluster fields again (serde's `flatten` would lose
     // `deny_unknown_fields` and the field paths in errors).
     disabled: Option<bool>,
@@ -199,6 +215,32 @@ struct RawConfig {
 }
 
 impl RawConfig {
+    /// The fields given besides `role`, in the order they are declared.
+    fn set_fields(&self) -> Vec<&'static str> {
+        [
+            ("disabled", self.disabled.is_some()),
+            ("percentile", self.percentile.is_some()),
+            ("budget_percent", self.budget_percent.is_some()),
+            ("budget_burst", self.budget_burst.is_some()),
+            ("min_delay", self.min_delay.is_some()),
+            ("max_delay", self.max_delay.is_some()),
+            ("max_hedges", self.max_hedges.is_some()),
+            ("min_samples", self.min_samples.is_some()),
+            ("idempotent_methods", self.idempotent_methods.is_some()),
+            ("retry_on", self.retry_on.is_some()),
+            ("window", self.window.is_some()),
+            ("sync_interval", self.sync_interval.is_some()),
+            ("latency_signal", self.latency_signal.is_some()),
+            ("trust_client_headers", self.trust_client_headers.is_some()),
+            ("max_clusters", self.max_clusters.is_some()),
+            ("debug_header", self.debug_header.is_some()),
+            ("clusters", self.clusters.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+
     fn policy(&self) -> RawPolicy {
         RawPolicy {
             disabled: self.disabled,
@@ -236,6 +278,22 @@ impl Config {
     }
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        if raw.role == Some(Role::Upstream) {
+            // The upstream role only holds response headers; a hedging
+            // setting here is a setting the operator believes in but that
+            // does nothing, most likely meant for the downstream filter.
+            if let Some(field) = raw.set_fields().first() {
+                return Err(error(
+                    field,
+                    "",
+                    "not used by the upstream role (it only holds response headers until the first body byte); set it on the downstream filter",
+                ));
+            }
+            return Ok(Config {
+                role: Role::Upstream,
+                ..Config::default()
+            });
+        }
         let mut config = Config::default();
         let mut warnings = Vec::new();
         let defaults = merge_policy(&ClusterPolicy::default(), &raw.policy(), "", &mut warnings)?;
@@ -276,6 +334,9 @@ impl Config {
         }
         if let Some(signal) = raw.latency_signal {
             config.latency_signal = signal;
+            if signal == LatencySignal::FirstByte {
+                warnings.push(format!("latency_signal is first_byte: streamed responses are hedged only on clusters that also run this module with {{\"role\": \"upstream\"}} (it holds armed requests' 2xx headers, marked with {}, until the first body byte)", super::hold::FIRST_BYTE_MARKER));
+            }
         }
         if let Some(trust) = raw.trust_client_headers {
             config.trust_client_headers = trust;
@@ -316,6 +377,9 @@ impl Config {
     /// The effective configuration as JSON, in the same shape the user writes,
     /// for the start-up log line.
     pub fn effective_json(&self) -> String {
+        if self.role == Role::Upstream {
+            return serde_json::json!({ "role": Role::Upstream }).to_string();
+        }
         let clusters: BTreeMap<&str, serde_json::Value> = self
             .clusters
             .iter()
@@ -323,6 +387,10 @@ impl Config {
             .collect();
         let mut root = policy_json(&self.defaults);
         if let serde_json::Value::Object(map) = &mut root {
+            map.insert(
+                "role".into(),
+                serde_json::to_value(self.role).unwrap_or_default(),
+            );
             map.insert("window".into(), format_duration(self.window).into());
             map.insert(
                 "sync_interval".into(),
@@ -528,6 +596,53 @@ mod tests {
 
     fn err(json: &str) -> ConfigError {
         Config::parse(json.as_bytes()).expect_err(json)
+    }
+
+    #[test]
+    fn upstream_role_takes_no_hedging_settings() {
+        let c = Config::parse(br#"{"role": "upstream"}"#).unwrap();
+        assert_eq!(c.role, Role::Upstream);
+        assert_eq!(c.effective_json(), r#"{"role":"upstream"}"#);
+        let again = Config::parse(c.effective_json().as_bytes()).unwrap();
+        assert_eq!(again.role, Role::Upstream);
+        for field in ["percentile", "latency_signal", "clusters"] {
+            let value = match field {
+                "percentile" => "0.9",
+                "latency_signal" => "\"first_byte\"",
+                _ => "{}",
+            };
+            let e = err(&format!(r#"{{"role": "upstream", "{field}": {value}}}"#));
+            assert_eq!(e.field, field);
+            assert!(e.rule.contains("not used by the upstream role"), "{e}");
+        }
+        let e = err(r#"{"role": "sidecar"}"#);
+        assert_eq!(e.field, "role");
+        assert!(
+            e.rule.contains("downstream") && e.rule.contains("upstream"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn downstream_role_is_the_default_and_is_logged() {
+        let c = Config::parse(b"{}").unwrap();
+        assert_eq!(c.role, Role::Downstream);
+        assert!(c.effective_json().contains(r#""role":"downstream""#));
+        let explicit = Config::parse(br#"{"role": "downstream", "percentile": 0.95}"#).unwrap();
+        assert_eq!(explicit.role, Role::Downstream);
+        assert_eq!(explicit.defaults.percentile, 0.95);
+    }
+
+    #[test]
+    fn first_byte_signal_warns_about_the_upstream_role() {
+        let c = Config::parse(br#"{"latency_signal": "first_byte"}"#).unwrap();
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("\"role\": \"upstream\"")),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

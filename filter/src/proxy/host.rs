@@ -34,7 +34,6 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
-    #[cfg(feature = "fault-injection")]
     fn proxy_get_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -144,19 +143,21 @@ pub fn plugin_configuration(size: usize) -> Result<Option<Vec<u8>>, HostStatus> 
     }
 }
 
-/// One request header (only the test-only fault injection reads one alone).
-#[cfg(feature = "fault-injection")]
+/// One request header (the upstream role's marker; the test-only fault injection).
 pub fn request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+    header(MAP_REQUEST_HEADERS, name)
+}
+
+/// One response header (the upstream role reads `:status`).
+pub fn response_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+    header(MAP_RESPONSE_HEADERS, name)
+}
+
+fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
     let (mut data, mut size) = (null_mut(), 0usize);
-    // SAFETY: as above.
+    // SAFETY: pointer and length of a live &str; out-pointers to locals.
     match unsafe {
-        proxy_get_header_map_value(
-            MAP_REQUEST_HEADERS,
-            name.as_ptr(),
-            name.len(),
-            &mut data,
-            &mut size,
-        )
+        proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size)
     } {
         // SAFETY: host-allocated buffer of `size` bytes.
         OK => Ok(unsafe { take_host_buffer(data, size) }),

@@ -10,9 +10,11 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::host;
+use super::placement::Placement;
 use crate::header_pairs::scan;
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{Decision, Hedge, Skip};
+use crate::policy::hold::FIRST_BYTE_MARKER;
 use crate::policy::worker::{ClusterId, Worker};
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
@@ -40,6 +42,7 @@ const CONTROL_HEADERS: [&str; 5] = [
 
 pub struct HedgeHttp {
     worker: Option<Rc<RefCell<Worker>>>,
+    placement: Rc<Placement>,
     signal: LatencySignal,
     trust_client_headers: bool,
     debug_header: bool,
@@ -53,7 +56,7 @@ pub struct HedgeHttp {
 }
 
 impl HedgeHttp {
-    pub fn new(worker: Option<Rc<RefCell<Worker>>>) -> Self {
+    pub fn new(worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
         let (signal, trust_client_headers, debug_header) = worker
             .as_ref()
             .and_then(|w| {
@@ -67,6 +70,7 @@ impl HedgeHttp {
             .unwrap_or((LatencySignal::Headers, false, false));
         HedgeHttp {
             worker,
+            placement,
             signal,
             trust_client_headers,
             debug_header,
@@ -84,10 +88,17 @@ impl HedgeHttp {
     /// attempt.
     fn arm(&self, hedge: Hedge, retry_on: &str) -> bool {
         let (mut hedges, mut timeout) = ([0u8; 20], [0u8; 20]);
+        // In first-byte mode the upstream role (a copy of this module in the
+        // cluster's filter chain) holds each attempt's 2xx headers until its
+        // first body byte, but only on requests marked here: the router has
+        // removed the x-envoy-* headers by the time upstream filters run.
+        let marked = self.signal != LatencySignal::FirstByte
+            || host::set_request_header(FIRST_BYTE_MARKER, b"1").is_ok();
         // x-envoy-retry-grpc-on is left alone here: whatever a client adds
         // to it, Envoy makes at most the `max-retries` attempts set here,
         // which the budget has paid for. Unarmed requests have it removed.
-        let armed = host::set_request_header(HEDGE_ON_PER_TRY_TIMEOUT, b"true").is_ok()
+        let armed = marked
+            && host::set_request_header(HEDGE_ON_PER_TRY_TIMEOUT, b"true").is_ok()
             && host::set_request_header(MAX_RETRIES, decimal(u64::from(hedge.hedges), &mut hedges))
                 .is_ok()
             && host::set_request_header(RETRY_ON, retry_on.as_bytes()).is_ok()
@@ -98,6 +109,7 @@ impl HedgeHttp {
             .is_ok();
         if !armed {
             strip_control_headers();
+            let _ = host::remove_request_header(FIRST_BYTE_MARKER);
         }
         armed
     }
@@ -158,22 +170,32 @@ impl Context for HedgeHttp {}
 
 impl HttpContext for HedgeHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if !self.placement.downstream_role_in_place() {
+            return Action::Continue;
+        }
         // The method and whether any control header is present, from one
         // host call (borrowed from the buffer, not copied). If the headers
         // cannot be read, the method is unknown (so the request is not
         // armed) and control headers are assumed present (so they are
         // stripped): the safe side of both.
         let pairs = host::request_header_pairs().ok().flatten();
-        let (method, client_set_controls) = pairs
+        let (method, client_set_controls, client_set_marker) = pairs
             .as_deref()
             .and_then(|b| scan(b, &CONTROL_HEADERS))
-            .map_or((&b""[..], true), |h| (h.method, h.has_any));
+            .map_or((&b""[..], true, true), |h| {
+                (h.method, h.has_any, h.has_marker)
+            });
         // Clients never switch hedging on by themselves: Envoy strips their
         // x-envoy-* headers unless it trusts them as internal; this covers
         // the trusted case. Stripping only when present saves five calls.
+        // A client's first-byte marker would only make the upstream role
+        // delay its headers; it goes too (an armed request gets it back).
         let strip = || {
             if client_set_controls {
                 strip_control_headers();
+            }
+            if client_set_marker {
+                let _ = host::remove_request_header(FIRST_BYTE_MARKER);
             }
         };
         let Some(worker) = self.worker.clone() else {

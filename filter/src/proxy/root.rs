@@ -11,12 +11,34 @@ use proxy_wasm::types::ContextType;
 
 use super::host::{self, HostLog, HostMetrics, HostStore};
 use super::http::HedgeHttp;
-use crate::policy::config::Config;
+use super::placement::Placement;
+use super::upstream::HoldHttp;
+use crate::policy::config::{Config, Role};
+use crate::policy::hold::HoldStats;
 use crate::policy::worker::{Level, Worker};
 
-#[derive(Default)]
+/// The upstream role's tick: its misconfiguration check and counters need
+/// no more than this.
+const UPSTREAM_TICK_MS: u32 = 1000;
+
 pub struct HedgeRoot {
+    role: Role,
+    /// Downstream role: the learning, budget and decisions of this VM.
     worker: Option<Rc<RefCell<Worker>>>,
+    /// Upstream role: what its attempts held and released.
+    holds: Rc<RefCell<HoldStats>>,
+    placement: Rc<Placement>,
+}
+
+impl Default for HedgeRoot {
+    fn default() -> Self {
+        HedgeRoot {
+            role: Role::Downstream,
+            worker: None,
+            holds: Rc::default(),
+            placement: Rc::new(Placement::new(Role::Downstream)),
+        }
+    }
 }
 
 impl Context for HedgeRoot {}
@@ -47,7 +69,12 @@ impl RootContext for HedgeRoot {
         for warning in &config.warnings {
             host::log(Level::Warn, &format!("adaptive-hedge: {warning}"));
         }
-        let tick_ms = u32::try_from(config.sync_interval.as_millis()).unwrap_or(u32::MAX);
+        self.role = config.role;
+        self.placement = Rc::new(Placement::new(config.role));
+        let tick_ms = match config.role {
+            Role::Downstream => u32::try_from(config.sync_interval.as_millis()).unwrap_or(u32::MAX),
+            Role::Upstream => UPSTREAM_TICK_MS,
+        };
         if let Err(status) = host::set_tick_period_ms(tick_ms) {
             host::log(
                 Level::Error,
@@ -66,11 +93,21 @@ impl RootContext for HedgeRoot {
                 config.effective_json()
             ),
         );
-        self.worker = Some(Rc::new(RefCell::new(Worker::new(config))));
+        if config.role == Role::Downstream {
+            self.worker = Some(Rc::new(RefCell::new(Worker::new(config))));
+        }
         true
     }
 
     fn on_tick(&mut self) {
+        if self.role == Role::Upstream {
+            let (Ok(mut holds), Ok(now_ns)) = (self.holds.try_borrow_mut(), host::now_ns()) else {
+                return;
+            };
+            holds.check(now_ns / 1_000_000, &mut HostLog);
+            holds.flush_metrics(&mut HostMetrics);
+            return;
+        }
         let Some(worker) = &self.worker else { return };
         let Ok(mut worker) = worker.try_borrow_mut() else {
             return;
@@ -82,7 +119,11 @@ impl RootContext for HedgeRoot {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never None: the SDK panics on None. Without a worker the context passes through.
-        Some(Box::new(HedgeHttp::new(self.worker.clone())))
+        let placement = Rc::clone(&self.placement);
+        Some(match self.role {
+            Role::Downstream => Box::new(HedgeHttp::new(self.worker.clone(), placement)),
+            Role::Upstream => Box::new(HoldHttp::new(Rc::clone(&self.holds), placement)),
+        })
     }
 
     fn get_type(&self) -> Option<ContextType> {

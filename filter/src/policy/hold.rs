@@ -1,0 +1,233 @@
+//! The upstream role: when an attempt's response headers wait for its first
+//! body byte.
+//!
+//! Envoy's router commits to the first attempt whose response headers reach
+//! it, and a streaming server (SSE, LLM tokens) sends `200 OK` at once and
+//! the first token much later. Run as an upstream HTTP filter on the cluster,
+//! the module holds each marked attempt's 2xx headers until that attempt's
+//! first body data (or its end, or trailers). The router's per-try timer
+//! keeps running meanwhile, the hedge goes out at the learned delay, and the
+//! router commits to whichever attempt produces a body byte first.
+//!
+//! The downstream role marks the requests it arms (the router strips the
+//! `x-envoy-*` headers before upstream filters run, so this role cannot see
+//! whether hedging is armed). The marker stays on the request: the header
+//! map is shared by every attempt, and a later attempt must still see it.
+
+use super::worker::{Level, Logger, MetricKind, MetricsSink};
+
+/// Request header the downstream role sets on the requests it arms when
+/// `latency_signal` is `first_byte`; removed from anything a client sends.
+pub const FIRST_BYTE_MARKER: &str = "x-adaptive-hedge-first-byte";
+
+/// Holding is only right for a marked attempt whose response is a 2xx with a
+/// body still to come:
+/// - a held 5xx would delay the retry that `retry_on` asks for;
+/// - a held 101 (WebSocket, CONNECT) never gets a body callback: it would stall;
+/// - with `end_stream` (204, 304, HEAD, empty bodies) there is nothing to wait for.
+pub fn should_hold(marked: bool, status: Option<&[u8]>, end_stream: bool) -> bool {
+    marked && !end_stream && matches!(status, Some([b'2', b'0'..=b'9', b'0'..=b'9']))
+}
+
+/// How long holds may stay outstanding, with none ever released, before the
+/// role says it looks misconfigured.
+pub const STUCK_AFTER_MS: u64 = 5_000;
+
+pub const HOLD_COUNTERS: [&str; 3] = [
+    "first_byte_holds_total",
+    "first_byte_releases_total",
+    "first_byte_held_ended_total",
+];
+
+/// What the upstream role did on this VM (its HTTP contexts count, the root
+/// context flushes on the tick).
+#[derive(Debug, Default)]
+pub struct HoldStats {
+    /// Since the last flush: holds, releases, attempts that ended while held
+    /// (hedge losers cancelled by the router, resets, timeouts).
+    counts: [u64; 3],
+    held_now: u64,
+    held_ever: bool,
+    released_ever: bool,
+    first_hold_ms: Option<u64>,
+    warned: bool,
+    metric_ids: Option<[u32; 3]>,
+}
+
+impl HoldStats {
+    pub fn on_hold(&mut self) {
+        self.held_now += 1;
+        self.held_ever = true;
+        self.bump(0);
+    }
+
+    pub fn on_release(&mut self) {
+        self.held_now = self.held_now.saturating_sub(1);
+        self.released_ever = true;
+        self.bump(1);
+    }
+
+    /// The attempt ended with its headers still held.
+    pub fn on_end_held(&mut self) {
+        self.held_now = self.held_now.saturating_sub(1);
+        self.bump(2);
+    }
+
+    pub fn held_now(&self) -> u64 {
+        self.held_now
+    }
+
+    fn bump(&mut self, i: usize) {
+        if let Some(n) = self.counts.get_mut(i) {
+            *n += 1;
+        }
+    }
+
+    /// On the tick. Without `allow_on_headers_stop_iteration: true` in the
+    /// filter's Wasm config, Envoy turns the hold into "stop everything": the
+    /// body never reaches the filter and every held attempt hangs until the
+    /// route timeout, with no error anywhere. Nothing inside the module can
+    /// read that flag, so it watches for the symptom instead: holds and not a
+    /// single release, for longer than any first byte should take.
+    pub fn check(&mut self, now_ms: u64, log: &mut dyn Logger) {
+        if !self.held_ever || self.released_ever || self.warned {
+            return;
+        }
+        let since = *self.first_hold_ms.get_or_insert(now_ms);
+        if now_ms.saturating_sub(since) >= STUCK_AFTER_MS {
+            self.warned = true;
+            log.log(
+                Level::Error,
+                &format!(
+                    "adaptive-hedge upstream role: response headers have been held for {}s and none was ever released; \
+                     if streamed requests hang, this filter's Wasm config lacks \"allow_on_headers_stop_iteration\": true \
+                     (without it Envoy never passes the body to the filter)",
+                    STUCK_AFTER_MS / 1000
+                ),
+            );
+        }
+    }
+
+    pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
+        if self.metric_ids.is_none() {
+            let mut ids = [0u32; 3];
+            for (slot, name) in ids.iter_mut().zip(HOLD_COUNTERS) {
+                match sink.define(&format!("adaptive_hedge.{name}"), MetricKind::Counter) {
+                    Some(id) => *slot = id,
+                    None => return, // retried next tick
+                }
+            }
+            self.metric_ids = Some(ids);
+        }
+        let Some(ids) = self.metric_ids else { return };
+        for (id, n) in ids.iter().zip(self.counts.iter_mut()) {
+            if *n > 0 {
+                sink.add(*id, std::mem::take(n));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_only_marked_2xx_with_a_body_to_come() {
+        assert!(should_hold(true, Some(b"200"), false));
+        assert!(should_hold(true, Some(b"206"), false));
+        // not marked: the request was not armed (or the client sent the marker
+        // and the downstream role removed it)
+        assert!(!should_hold(false, Some(b"200"), false));
+        // 204, 304, HEAD and empty bodies end with the headers
+        assert!(!should_hold(true, Some(b"200"), true));
+        assert!(!should_hold(true, Some(b"204"), true));
+        for status in [
+            &b"101"[..],
+            b"304",
+            b"404",
+            b"503",
+            b"2",
+            b"20",
+            b"2000",
+            b"2x0",
+            b"",
+        ] {
+            assert!(!should_hold(true, Some(status), false), "{status:?}");
+        }
+        assert!(!should_hold(true, None, false));
+    }
+
+    #[derive(Default)]
+    struct Lines(Vec<String>);
+    impl Logger for Lines {
+        fn log(&mut self, _: Level, message: &str) {
+            self.0.push(message.to_string());
+        }
+    }
+
+    #[test]
+    fn warns_once_when_holds_are_never_released() {
+        let mut stats = HoldStats::default();
+        let mut log = Lines::default();
+        stats.check(0, &mut log); // nothing held yet: nothing to say
+        stats.on_hold();
+        stats.check(1_000, &mut log);
+        stats.on_end_held(); // the route timeout ends it, still held
+        stats.on_hold();
+        stats.check(1_000 + STUCK_AFTER_MS - 1, &mut log);
+        assert!(log.0.is_empty());
+        stats.check(1_000 + STUCK_AFTER_MS, &mut log);
+        stats.check(2_000 + STUCK_AFTER_MS, &mut log);
+        assert_eq!(log.0.len(), 1);
+        assert!(log.0[0].contains("allow_on_headers_stop_iteration"));
+    }
+
+    #[test]
+    fn a_release_proves_the_hold_works() {
+        let mut stats = HoldStats::default();
+        let mut log = Lines::default();
+        stats.on_hold();
+        stats.check(0, &mut log);
+        stats.on_release();
+        stats.on_hold(); // a slow first byte, later
+        stats.check(10 * STUCK_AFTER_MS, &mut log);
+        assert!(log.0.is_empty());
+        assert_eq!(stats.held_now(), 1);
+    }
+
+    #[derive(Default)]
+    struct Sink(Vec<(String, u64)>);
+    impl MetricsSink for Sink {
+        fn define(&mut self, name: &str, _: MetricKind) -> Option<u32> {
+            self.0.push((name.to_string(), 0));
+            Some(self.0.len() as u32 - 1)
+        }
+        fn add(&mut self, id: u32, delta: u64) {
+            self.0[id as usize].1 += delta;
+        }
+        fn set(&mut self, _: u32, _: u64) {}
+    }
+
+    #[test]
+    fn counters_flush_as_deltas() {
+        let mut stats = HoldStats::default();
+        let mut sink = Sink::default();
+        stats.on_hold();
+        stats.on_hold();
+        stats.on_release();
+        stats.on_end_held();
+        stats.flush_metrics(&mut sink);
+        stats.on_hold();
+        stats.flush_metrics(&mut sink);
+        assert_eq!(
+            sink.0,
+            vec![
+                ("adaptive_hedge.first_byte_holds_total".into(), 3),
+                ("adaptive_hedge.first_byte_releases_total".into(), 1),
+                ("adaptive_hedge.first_byte_held_ended_total".into(), 1),
+            ]
+        );
+        assert_eq!(stats.held_now(), 1);
+    }
+}
