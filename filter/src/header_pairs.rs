@@ -21,6 +21,8 @@ pub struct RequestHeaders<'a> {
     /// Whether the first-byte marker is present (a client sent it: the
     /// downstream role sets it only after this scan).
     pub has_marker: bool,
+    /// An `upgrade` header (WebSocket): never hedged.
+    pub upgrade: bool,
 }
 
 fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
@@ -48,6 +50,8 @@ pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
         data = data.checked_add(value_len)?.checked_add(1)?;
         if name == b":method" {
             found.method = value;
+        } else if name == b"upgrade" {
+            found.upgrade = true;
         } else if name == FIRST_BYTE_MARKER.as_bytes() {
             found.has_marker = true;
         } else if !found.has_any && names.iter().any(|n| n.as_bytes() == name) {
@@ -103,6 +107,10 @@ mod tests {
         let h = scan(&buf, &CONTROL).unwrap();
         assert!(h.has_marker);
         assert!(!h.has_any, "the marker is not a router control header");
+        assert!(!h.upgrade);
+
+        let buf = serialise(&[(":method", "GET"), ("upgrade", "websocket")]);
+        assert!(scan(&buf, &CONTROL).unwrap().upgrade);
 
         let empty = serialise(&[]);
         let h = scan(&empty, &CONTROL).unwrap();

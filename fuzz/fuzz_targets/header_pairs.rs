@@ -24,4 +24,5 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(found.has_any, control);
     let marker = pairs.iter().any(|(n, _)| *n == FIRST_BYTE_MARKER);
     assert_eq!(found.has_marker, marker);
+    assert_eq!(found.upgrade, pairs.iter().any(|(n, _)| *n == "upgrade"));
 });

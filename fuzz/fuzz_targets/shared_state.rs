@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = store.set(REGISTRY_KEY, &data[..split], 0);
     let _ = store.set(&cluster_key("backend"), &data[split..], 0);
     for i in 0..3u64 {
-        let (id, _) = worker.on_request(Some(b"backend"), b"GET");
+        let (id, _) = worker.on_request(Some(b"backend"), b"GET", false);
         if let Some(id) = id {
             worker.on_response(id, 1000 + i);
             worker.on_complete(id, 0, Some(1));

@@ -27,7 +27,13 @@ pub struct Reply {
     pub status: u16,
     pub headers: HashMap<String, String>,
     pub body: String,
+    /// Time to the whole response (from the request's start).
     pub elapsed: Duration,
+    /// Time to the response headers.
+    pub headers_after: Duration,
+    /// Time to the first body byte (`None`: the body was empty).
+    pub first_byte_after: Option<Duration>,
+    pub trailers: HashMap<String, String>,
 }
 
 impl Reply {
@@ -36,25 +42,38 @@ impl Reply {
         resp: hyper::Response<hyper::body::Incoming>,
         start: Instant,
     ) -> Result<Reply, String> {
+        let headers_after = start.elapsed();
         let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-            .collect();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let headers = text_map(resp.headers());
+        let mut body = resp.into_body();
+        let (mut bytes, mut first_byte_after, mut trailers) = (Vec::new(), None, HashMap::new());
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| e.to_string())?;
+            if let Some(data) = frame.data_ref() {
+                if !data.is_empty() && first_byte_after.is_none() {
+                    first_byte_after = Some(start.elapsed());
+                }
+                bytes.extend_from_slice(data);
+            } else if let Some(t) = frame.trailers_ref() {
+                trailers = text_map(t);
+            }
+        }
         Ok(Reply {
             status,
             headers,
-            body: String::from_utf8_lossy(&body).to_string(),
+            body: String::from_utf8_lossy(&bytes).to_string(),
             elapsed: start.elapsed(),
+            headers_after,
+            first_byte_after,
+            trailers,
         })
     }
+}
+
+fn text_map(map: &hyper::HeaderMap) -> HashMap<String, String> {
+    map.iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect()
 }
 
 /// One request; `headers` are added as given.
@@ -81,7 +100,10 @@ pub static COMPLETED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 /// Latencies (µs) and outcomes of a load run.
 pub struct LoadResult {
+    /// Time to the whole response.
     pub latency_us: Histogram<u64>,
+    /// Time to the first body byte (responses with a body), on the same clock.
+    pub first_byte_us: Histogram<u64>,
     pub statuses: HashMap<u16, u64>,
     pub errors: u64,
     pub sent: u64,
@@ -98,6 +120,7 @@ impl LoadResult {
     pub fn new() -> Self {
         LoadResult {
             latency_us: Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds"),
+            first_byte_us: Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds"),
             statuses: HashMap::new(),
             errors: 0,
             sent: 0,
@@ -112,6 +135,14 @@ impl LoadResult {
             Ok(r) => {
                 *self.statuses.entry(r.status).or_default() += 1;
                 let _ = self.latency_us.record((elapsed.as_micros() as u64).max(1));
+                if let Some(first_byte) = r.first_byte_after {
+                    // `elapsed` may start before the request did (open loop:
+                    // from its scheduled time); the first byte keeps that origin.
+                    let origin = elapsed.saturating_sub(r.elapsed);
+                    let _ = self
+                        .first_byte_us
+                        .record(((origin + first_byte).as_micros() as u64).max(1));
+                }
             }
             Err(_) => self.errors += 1,
         }
@@ -120,6 +151,7 @@ impl LoadResult {
     /// Adds another run's latencies and outcomes to this one.
     pub fn merge(&mut self, other: &LoadResult) {
         let _ = self.latency_us.add(&other.latency_us);
+        let _ = self.first_byte_us.add(&other.first_byte_us);
         for (status, n) in &other.statuses {
             *self.statuses.entry(*status).or_default() += n;
         }
@@ -131,6 +163,11 @@ impl LoadResult {
     /// Percentile in milliseconds.
     pub fn ms(&self, q: f64) -> f64 {
         self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// Percentile of the time to first byte in milliseconds.
+    pub fn first_byte_ms(&self, q: f64) -> f64 {
+        self.first_byte_us.value_at_quantile(q) as f64 / 1000.0
     }
 
     pub fn ok(&self) -> u64 {

@@ -8,8 +8,16 @@
 //!   later attempts use `x-sim-delay-ms` or the host's model.
 //!
 //! - `x-sim-stream: <chunks>`: streaming (SSE, LLM tokens): headers at once,
-//!   the first body chunk after the delay, then `<chunks> - 1` more chunks
-//!   every `x-sim-chunk-gap-ms` (10) ms. Completion = the last chunk sent.
+//!   the first body chunk after the delay (the time to first byte), then
+//!   `<chunks> - 1` more chunks every `x-sim-chunk-gap-ms` (10) ms.
+//!   Completion = the last chunk sent. `0` chunks: headers at once, then the
+//!   end of the body after the delay, with no data. `x-sim-trailers: 1` ends
+//!   the stream with trailers (HTTP/2, or HTTP/1.1 when the request allows).
+//!   A host started with a default stream (`Simulator::set_stream`, the
+//!   `sim` binary's `--stream`) streams every request that does not say.
+//! - `x-sim-body: empty`: a `200` with `content-length: 0` after the delay.
+//! - `upgrade: websocket`: `101 Switching Protocols`, then every byte sent
+//!   is echoed back.
 //!
 //! - `x-sim-status: N`: answer with status N (every attempt).
 //! - `x-sim-fault: reset`: close the connection after the delay, before any
@@ -49,6 +57,25 @@ pub enum Latency {
         straggler_prob: f64,
         straggler_mult: f64,
     },
+    /// A cache in front of a slow backend (an inference server's prompt
+    /// cache): hits lognormal (`hit_mean_ms`, `hit_sd_ms`); with probability
+    /// `miss_prob` a miss, lognormal (`miss_mean_ms`, `miss_sd_ms`).
+    Cache {
+        hit_mean_ms: f64,
+        hit_sd_ms: f64,
+        miss_prob: f64,
+        miss_mean_ms: f64,
+        miss_sd_ms: f64,
+    },
+}
+
+/// A lognormal sample with the given mean and standard deviation (ms).
+fn lognormal_ms(mean_ms: f64, sd_ms: f64, rng: &mut impl Rng) -> f64 {
+    let sigma2 = (1.0 + (sd_ms * sd_ms) / (mean_ms * mean_ms)).ln();
+    let mu = mean_ms.ln() - sigma2 / 2.0;
+    LogNormal::new(mu, sigma2.sqrt())
+        .map(|d| d.sample(rng))
+        .unwrap_or(mean_ms)
 }
 
 impl Latency {
@@ -63,10 +90,23 @@ impl Latency {
         }
     }
 
+    /// Time to first token of a streaming model server: prompt-cache hits
+    /// lognormal mean 15 ms sd 3 ms, 20% misses lognormal mean 200 ms sd 25 ms.
+    pub fn streaming() -> Self {
+        Latency::Cache {
+            hit_mean_ms: 15.0,
+            hit_sd_ms: 3.0,
+            miss_prob: 0.2,
+            miss_mean_ms: 200.0,
+            miss_sd_ms: 25.0,
+        }
+    }
+
     /// `["fixed", ms]`, `["lognormal", mean_ms, sd_ms, straggler_prob,
-    /// straggler_mult]` or `["reference"]` (the control endpoint's
-    /// `/model/<host>/lognormal/5/2/0.05/10`, the `sim` binary's
-    /// `--model lognormal:5:2:0.05:10`).
+    /// straggler_mult]`, `["cache", hit_mean_ms, hit_sd_ms, miss_prob,
+    /// miss_mean_ms, miss_sd_ms]`, `["reference"]` or `["streaming"]` (the
+    /// control endpoint's `/model/<host>/lognormal/5/2/0.05/10`, the `sim`
+    /// binary's `--model lognormal:5:2:0.05:10`).
     pub fn parse(parts: &[&str]) -> Option<Latency> {
         let nums: Vec<f64> = parts
             .iter()
@@ -78,6 +118,18 @@ impl Latency {
         }
         match (parts.first(), nums.as_slice()) {
             (Some(&"reference"), []) => Some(Latency::reference()),
+            (Some(&"streaming"), []) => Some(Latency::streaming()),
+            (Some(&"cache"), [hit_mean_ms, hit_sd_ms, miss_prob, miss_mean_ms, miss_sd_ms])
+                if *hit_mean_ms > 0.0 && *miss_mean_ms > 0.0 && *miss_prob <= 1.0 =>
+            {
+                Some(Latency::Cache {
+                    hit_mean_ms: *hit_mean_ms,
+                    hit_sd_ms: *hit_sd_ms,
+                    miss_prob: *miss_prob,
+                    miss_mean_ms: *miss_mean_ms,
+                    miss_sd_ms: *miss_sd_ms,
+                })
+            }
             (Some(&"fixed"), [ms]) => Some(Latency::Fixed(Duration::from_secs_f64(ms / 1000.0))),
             (Some(&"lognormal"), [mean_ms, sd_ms, straggler_prob, straggler_mult])
                 if *mean_ms > 0.0 && *straggler_prob <= 1.0 =>
@@ -106,11 +158,7 @@ impl Latency {
                 straggler_prob,
                 straggler_mult,
             } => {
-                let sigma2 = (1.0 + (sd_ms * sd_ms) / (mean_ms * mean_ms)).ln();
-                let mu = mean_ms.ln() - sigma2 / 2.0;
-                let base = LogNormal::new(mu, sigma2.sqrt())
-                    .map(|d| d.sample(rng))
-                    .unwrap_or(mean_ms);
+                let base = lognormal_ms(mean_ms, sd_ms, rng);
                 let ms = if rng.gen::<f64>() < straggler_prob {
                     base * straggler_mult
                 } else {
@@ -118,7 +166,40 @@ impl Latency {
                 };
                 Duration::from_secs_f64(ms / 1000.0)
             }
+            Latency::Cache {
+                hit_mean_ms,
+                hit_sd_ms,
+                miss_prob,
+                miss_mean_ms,
+                miss_sd_ms,
+            } => {
+                let ms = if rng.gen::<f64>() < miss_prob {
+                    lognormal_ms(miss_mean_ms, miss_sd_ms, rng)
+                } else {
+                    lognormal_ms(hit_mean_ms, hit_sd_ms, rng)
+                };
+                Duration::from_secs_f64(ms / 1000.0)
+            }
         }
+    }
+}
+
+/// A host's default for requests that carry no `x-sim-stream`: every
+/// response streams `chunks` chunks, `gap` apart, after the time to first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream {
+    pub chunks: u64,
+    pub gap: Duration,
+}
+
+impl Stream {
+    /// `chunks:gap_ms` (the `sim` binary's `--stream 20:10`).
+    pub fn parse(text: &str) -> Option<Stream> {
+        let (chunks, gap) = text.split_once(':')?;
+        Some(Stream {
+            chunks: chunks.trim().parse().ok()?,
+            gap: Duration::from_millis(gap.trim().parse().ok()?),
+        })
     }
 }
 
@@ -146,6 +227,7 @@ struct Host {
 
 struct Shared {
     hosts: Vec<Arc<Host>>,
+    stream: Mutex<Option<Stream>>,
     /// Attempts seen per x-request-id (to tell a first attempt from a hedge).
     attempts: Mutex<HashMap<String, u32>>,
 }
@@ -185,6 +267,7 @@ impl Simulator {
             .collect();
         let shared = Arc::new(Shared {
             hosts,
+            stream: Mutex::new(None),
             attempts: Mutex::new(HashMap::new()),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -256,6 +339,11 @@ impl Simulator {
         }
     }
 
+    /// Makes every response stream (or not) unless its request says.
+    pub fn set_stream(&self, stream: Option<Stream>) {
+        *self.shared.stream.lock().unwrap() = stream;
+    }
+
     pub fn set_all_models(&self, model: Latency) {
         for i in 0..self.shared.hosts.len() {
             self.set_model(i, model.clone());
@@ -317,7 +405,7 @@ async fn serve_host(listener: TcpListener, shared: Arc<Shared>, host: Arc<Host>)
             let service =
                 hyper::service::service_fn(move |req| handle(req, shared.clone(), host.clone()));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }
@@ -366,7 +454,7 @@ fn header_ms(req: &Request<Incoming>, name: &str) -> Option<u64> {
 }
 
 async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     shared: Arc<Shared>,
     host: Arc<Host>,
 ) -> Result<Response<Body>, BoxError> {
@@ -375,6 +463,14 @@ async fn handle(
         host: host.clone(),
         done: false,
     };
+    if req
+        .headers()
+        .get("upgrade")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+    {
+        guard.done = true;
+        return Ok(websocket_echo(&mut req, host.index));
+    }
     let attempt = match req
         .headers()
         .get("x-request-id")
@@ -408,28 +504,33 @@ async fn handle(
         Some(b"reset-mid-body") => Some(Fault::ResetMidBody),
         _ => None,
     };
-    if let Some(chunks) = header_ms(&req, "x-sim-stream") {
-        let gap = Duration::from_millis(header_ms(&req, "x-sim-chunk-gap-ms").unwrap_or(10));
+    let default_stream = *shared.stream.lock().unwrap();
+    let stream = match (header_ms(&req, "x-sim-stream"), default_stream) {
+        (Some(chunks), _) => Some(Stream {
+            chunks,
+            gap: Duration::from_millis(header_ms(&req, "x-sim-chunk-gap-ms").unwrap_or(10)),
+        }),
+        (None, Some(s)) if req.method() != hyper::Method::HEAD => Some(s),
+        _ => None,
+    };
+    if let Some(stream) = stream {
+        let trailers = header_ms(&req, "x-sim-trailers") == Some(1);
         return Ok(stream_response(
-            guard,
-            attempt,
-            delay,
-            chunks.max(1),
-            gap,
-            None,
+            guard, attempt, delay, stream, trailers, None,
         ));
     }
     if fault == Some(Fault::ResetMidBody) {
-        return Ok(stream_response(
-            guard,
-            attempt,
-            delay,
-            3,
-            Duration::from_millis(5),
-            fault,
-        ));
+        let stream = Stream {
+            chunks: 3,
+            gap: Duration::from_millis(5),
+        };
+        return Ok(stream_response(guard, attempt, delay, stream, false, fault));
     }
     let status = header_ms(&req, "x-sim-status").unwrap_or(200);
+    let req_body_empty = req
+        .headers()
+        .get("x-sim-body")
+        .is_some_and(|v| v.as_bytes() == b"empty");
     crate::timer::sleep(delay).await;
     if fault == Some(Fault::Reset) {
         guard.done = true; // it did answer, in its way
@@ -438,7 +539,10 @@ async fn handle(
     // drain the request body (a hedged GET has none)
     let _ = req.into_body().collect().await;
     guard.done = true;
-    let body = format!("host={} attempt={attempt}\n", host.index);
+    let body = match req_body_empty {
+        true => String::new(),
+        false => format!("host={} attempt={attempt}\n", host.index),
+    };
     let mut response = Response::builder();
     if let Some(t) = expected_timeout {
         response = response.header("x-sim-expected-timeout-ms", t);
@@ -452,13 +556,14 @@ async fn handle(
     Ok(response)
 }
 
-/// Headers now; the first chunk after `first_byte`, then one every `gap`.
+/// Headers now; the first chunk after `first_byte`, then one every `gap`
+/// (no chunk at all: the end of the body after `first_byte`).
 fn stream_response(
     guard: InFlight,
     attempt: u32,
     first_byte: Duration,
-    chunks: u64,
-    gap: Duration,
+    stream: Stream,
+    trailers: bool,
     fault: Option<Fault>,
 ) -> Response<Body> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
@@ -467,9 +572,9 @@ fn stream_response(
         // move the whole guard in (not just its field): its Drop does the counting
         let mut guard = guard;
         crate::timer::sleep(first_byte).await;
-        for i in 0..chunks {
+        for i in 0..stream.chunks {
             if i > 0 {
-                crate::timer::sleep(gap).await;
+                crate::timer::sleep(stream.gap).await;
             }
             if i == 1 && fault == Some(Fault::ResetMidBody) {
                 guard.done = true;
@@ -481,6 +586,16 @@ fn stream_response(
                 return; // the client went away: guard counts a cancellation
             }
         }
+        if trailers {
+            let mut map = hyper::HeaderMap::new();
+            map.insert(
+                "x-sim-chunks",
+                hyper::header::HeaderValue::from(stream.chunks),
+            );
+            if tx.send(Ok(Frame::trailers(map))).await.is_err() {
+                return;
+            }
+        }
         guard.done = true;
     });
     Response::builder()
@@ -488,6 +603,24 @@ fn stream_response(
         .header("x-sim-host", index.to_string())
         .header("x-sim-attempt", attempt.to_string())
         .body(StreamBody::new(ReceiverStream::new(rx)).boxed())
+        .unwrap_or_else(|_| Response::new(full(String::new())))
+}
+
+/// `101 Switching Protocols`, then an echo of every byte on the upgraded
+/// connection (a WebSocket as far as a proxy can tell).
+fn websocket_echo(req: &mut Request<Incoming>, index: usize) -> Response<Body> {
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let (mut rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
+        let _ = tokio::io::copy(&mut rd, &mut wr).await;
+    });
+    Response::builder()
+        .status(101)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("x-sim-host", index.to_string())
+        .body(full(String::new()))
         .unwrap_or_else(|_| Response::new(full(String::new())))
 }
 
@@ -555,5 +688,41 @@ fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Body> {
             reply(200, format!("{model:?}\n"))
         }
         _ => reply(404, "unknown\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn streaming_model_has_fast_hits_and_a_fifth_of_slow_misses() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let model = Latency::parse(&["streaming"]).unwrap();
+        let ms: Vec<f64> = (0..20_000)
+            .map(|_| model.sample(&mut rng).as_secs_f64() * 1000.0)
+            .collect();
+        let misses = ms.iter().filter(|&&m| m > 80.0).count() as f64 / ms.len() as f64;
+        assert!((misses - 0.2).abs() < 0.015, "miss share {misses}");
+        let hits: Vec<f64> = ms.iter().copied().filter(|&m| m <= 80.0).collect();
+        let mean = hits.iter().sum::<f64>() / hits.len() as f64;
+        assert!((mean - 15.0).abs() < 0.5, "hit mean {mean}");
+        assert_eq!(
+            Latency::parse(&["cache", "15", "3", "0.2", "200", "25"]),
+            Some(Latency::streaming())
+        );
+        assert_eq!(
+            Latency::parse(&["cache", "15", "3", "1.5", "200", "25"]),
+            None
+        );
+        assert_eq!(
+            Stream::parse("20:10"),
+            Some(Stream {
+                chunks: 20,
+                gap: Duration::from_millis(10)
+            })
+        );
+        assert_eq!(Stream::parse("20"), None);
     }
 }

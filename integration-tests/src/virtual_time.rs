@@ -243,7 +243,7 @@ pub fn run(
                     Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), 1, 0),
                     Policy::Adaptive { .. } => match workers
                         .get_mut(wi)
-                        .map(|w| w.on_request(Some(b"backend"), b"GET"))
+                        .map(|w| w.on_request(Some(b"backend"), b"GET", false))
                     {
                         Some((Some(id), Decision::Arm(h))) => {
                             (Some(h.per_try_timeout_ms as f64 * 1000.0), h.hedges, id)

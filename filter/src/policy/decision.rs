@@ -117,6 +117,8 @@ pub enum Skip {
     Disabled,
     /// The method is not in `idempotent_methods`.
     Method,
+    /// The request asks to switch protocols (WebSocket).
+    Upgrade,
     /// Fewer than `min_samples` in the window.
     WarmingUp,
     /// The client set the control headers itself and `trust_client_headers` is on.
@@ -131,6 +133,7 @@ impl Skip {
             Skip::Untracked => "untracked",
             Skip::Disabled => "disabled",
             Skip::Method => "method",
+            Skip::Upgrade => "upgrade",
             Skip::WarmingUp => "warming_up",
             Skip::ClientControlled => "client_controlled",
             Skip::BudgetExhausted => "budget_exhausted",
@@ -152,11 +155,13 @@ impl Decision {
     }
 }
 
-/// Decides one request. Reserves budget tokens when it arms.
+/// Decides one request. Reserves budget tokens when it arms. `upgrade`: the
+/// request asks to switch protocols (an `upgrade` header: WebSocket, h2c).
 pub fn decide(
     policy: &ClusterPolicy,
     delay: Option<HedgeDelay>,
     method: &[u8],
+    upgrade: bool,
     budget: &mut LocalBudget,
 ) -> Decision {
     if policy.disabled {
@@ -164,6 +169,11 @@ pub fn decide(
     }
     if !policy.allows_method(method) {
         return Decision::Skip(Skip::Method);
+    }
+    // A GET that becomes a WebSocket is a connection, not a request: a
+    // second attempt would open a second session with its own state.
+    if upgrade {
+        return Decision::Skip(Skip::Upgrade);
     }
     let Some(delay) = delay else {
         return Decision::Skip(Skip::WarmingUp);
@@ -310,7 +320,7 @@ mod tests {
         assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new()).is_some());
         let mut b = funded();
         assert_eq!(
-            decide(&policy, None, b"GET", &mut b),
+            decide(&policy, None, b"GET", false, &mut b),
             Decision::Skip(Skip::WarmingUp)
         );
     }
@@ -324,15 +334,20 @@ mod tests {
         });
         let mut b = funded();
         assert_eq!(
-            decide(&policy, delay, b"GET", &mut b),
+            decide(&policy, delay, b"GET", false, &mut b),
             Decision::Arm(Hedge {
                 per_try_timeout_ms: 8,
                 hedges: 1
             })
         );
+        assert_eq!(
+            decide(&policy, delay, b"GET", true, &mut b),
+            Decision::Skip(Skip::Upgrade),
+            "a WebSocket upgrade is a connection: never duplicated"
+        );
         for m in [&b"POST"[..], b"PUT", b"PATCH", b"DELETE", b"CONNECT", b""] {
             assert_eq!(
-                decide(&policy, delay, m, &mut b),
+                decide(&policy, delay, m, false, &mut b),
                 Decision::Skip(Skip::Method)
             );
         }
@@ -341,7 +356,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            decide(&off, delay, b"GET", &mut b),
+            decide(&off, delay, b"GET", false, &mut b),
             Decision::Skip(Skip::Disabled)
         );
     }
@@ -374,7 +389,7 @@ mod tests {
         });
         let mut b = LocalBudget::new(budget_terms(&policy));
         assert_eq!(
-            decide(&policy, delay, b"GET", &mut b),
+            decide(&policy, delay, b"GET", false, &mut b),
             Decision::Skip(Skip::BudgetExhausted)
         );
         for _ in 0..25 {
@@ -382,7 +397,7 @@ mod tests {
         }
         // 2.5 tokens: two of the three hedges are paid for
         assert_eq!(
-            decide(&policy, delay, b"GET", &mut b),
+            decide(&policy, delay, b"GET", false, &mut b),
             Decision::Arm(Hedge {
                 per_try_timeout_ms: 1,
                 hedges: 2

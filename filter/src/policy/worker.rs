@@ -194,6 +194,7 @@ impl Worker {
         &mut self,
         cluster: Option<&[u8]>,
         method: &[u8],
+        upgrade: bool,
     ) -> (Option<ClusterId>, Decision) {
         let Some(name) = cluster.filter(|n| !n.is_empty()) else {
             return (None, Decision::Skip(Skip::NoCluster));
@@ -212,7 +213,13 @@ impl Worker {
         state.counters.requests += 1;
         state.requests_unsynced += 1;
         state.budget.earn();
-        let decision = decide(&state.policy, state.hedge_delay, method, &mut state.budget);
+        let decision = decide(
+            &state.policy,
+            state.hedge_delay,
+            method,
+            upgrade,
+            &mut state.budget,
+        );
         match decision {
             Decision::Arm(h) => state.counters.hedges_armed += u64::from(h.hedges),
             Decision::Skip(Skip::BudgetExhausted) => state.counters.budget_exhausted += 1,
@@ -599,7 +606,7 @@ mod tests {
     fn traffic(w: &mut Worker, cluster: &str, n: u64, us: u64) -> Vec<Decision> {
         (0..n)
             .map(|_| {
-                let (id, d) = w.on_request(Some(cluster.as_bytes()), b"GET");
+                let (id, d) = w.on_request(Some(cluster.as_bytes()), b"GET", false);
                 let id = id.unwrap();
                 w.on_response(id, us);
                 let reserved = if let Decision::Arm(h) = d {
@@ -758,12 +765,12 @@ mod tests {
         // the registry (shared) is full, though worker a has room locally
         traffic(&mut a, "three", 5, 1000);
         a.sync(T0 + 200, &store, &mut log);
-        let (_, d) = a.on_request(Some(b"three"), b"GET");
+        let (_, d) = a.on_request(Some(b"three"), b"GET", false);
         assert_eq!(d, Decision::Skip(Skip::Untracked));
         // the local map is bounded too (twice the limit)
         traffic(&mut a, "four", 1, 1000);
         traffic(&mut a, "five", 1, 1000);
-        let (_, d) = a.on_request(Some(b"six"), b"GET");
+        let (_, d) = a.on_request(Some(b"six"), b"GET", false);
         assert_eq!(d, Decision::Skip(Skip::Untracked));
         assert_eq!(log.0.len(), 1);
         let mut stats = Stats::default();
@@ -788,9 +795,9 @@ mod tests {
         a.sync(T0, &store, &mut log);
         traffic(&mut a, "b1", 20, 1000); // earns the tokens of a hedge
         a.sync(T0 + 200, &store, &mut log);
-        let (_, d) = a.on_request(Some(b"b1"), b"GET");
+        let (_, d) = a.on_request(Some(b"b1"), b"GET", false);
         assert!(matches!(d, Decision::Arm(_)), "{d:?}");
-        let (_, d) = a.on_request(Some(b"a1"), b"GET");
+        let (_, d) = a.on_request(Some(b"a1"), b"GET", false);
         assert_eq!(d, Decision::Skip(Skip::Untracked));
     }
 
@@ -802,11 +809,11 @@ mod tests {
         traffic(&mut w, "c", 200, 5000);
         w.sync(T0, &store, &mut log);
         // armed and hedged
-        let (id, d) = w.on_request(Some(b"c"), b"GET");
+        let (id, d) = w.on_request(Some(b"c"), b"GET", false);
         assert!(matches!(d, Decision::Arm(_)));
         w.on_complete(id.unwrap(), 1, Some(2));
         // not idempotent
-        let (_, d) = w.on_request(Some(b"c"), b"POST");
+        let (_, d) = w.on_request(Some(b"c"), b"POST", false);
         assert_eq!(d, Decision::Skip(Skip::Method));
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
@@ -826,8 +833,8 @@ mod tests {
     fn samples_are_capped_per_tick() {
         let store = MemoryStore::default();
         let mut w = Worker::new(config(""));
-        let (a, _) = w.on_request(Some(b"a"), b"GET");
-        let (b, _) = w.on_request(Some(b"b"), b"GET");
+        let (a, _) = w.on_request(Some(b"a"), b"GET", false);
+        let (b, _) = w.on_request(Some(b"b"), b"GET", false);
         let (a, b) = (a.unwrap(), b.unwrap());
         let taken = (0..1000).filter(|_| w.take_sample_slot(a)).count();
         assert_eq!(taken, SAMPLES_PER_TICK as usize);
@@ -840,11 +847,11 @@ mod tests {
     fn requests_without_a_cluster_are_not_armed() {
         let mut w = Worker::new(config(""));
         assert_eq!(
-            w.on_request(None, b"GET").1,
+            w.on_request(None, b"GET", false).1,
             Decision::Skip(Skip::NoCluster)
         );
         assert_eq!(
-            w.on_request(Some(b""), b"GET").1,
+            w.on_request(Some(b""), b"GET", false).1,
             Decision::Skip(Skip::NoCluster)
         );
         let _ = Duration::ZERO;

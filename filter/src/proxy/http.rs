@@ -179,11 +179,11 @@ impl HttpContext for HedgeHttp {
         // armed) and control headers are assumed present (so they are
         // stripped): the safe side of both.
         let pairs = host::request_header_pairs().ok().flatten();
-        let (method, client_set_controls, client_set_marker) = pairs
+        let (method, upgrade, client_set_controls, client_set_marker) = pairs
             .as_deref()
             .and_then(|b| scan(b, &CONTROL_HEADERS))
-            .map_or((&b""[..], true, true), |h| {
-                (h.method, h.has_any, h.has_marker)
+            .map_or((&b""[..], false, true, true), |h| {
+                (h.method, h.upgrade, h.has_any, h.has_marker)
             });
         // Clients never switch hedging on by themselves: Envoy strips their
         // x-envoy-* headers unless it trusts them as internal; this covers
@@ -217,7 +217,7 @@ impl HttpContext for HedgeHttp {
             strip();
             return Action::Continue;
         };
-        let (id, decision) = w.on_request(cluster.as_deref(), method);
+        let (id, decision) = w.on_request(cluster.as_deref(), method, upgrade);
         self.cluster = id;
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.

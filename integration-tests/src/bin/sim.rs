@@ -1,21 +1,26 @@
 //! One or more simulated upstream hosts as a standalone server: the hosts of
 //! the docker-compose demo and of `make run`.
 //!
-//!     sim [--listen ADDR]... [--control ADDR] [--model SPEC]
+//!     sim [--listen ADDR]... [--control ADDR] [--model SPEC] [--stream CHUNKS:GAP_MS]
 //!
 //! `--listen` (repeatable; default 127.0.0.1:8081): one host per address.
 //! `--control` (default 127.0.0.1:0): `/stats`, `/reset` and
 //! `/model/<host|all>/<spec with slashes>` to change latency while running.
 //! `--model` (default `reference`: lognormal mean 5 ms, sd 2 ms, 5%
-//! stragglers at 10x): `fixed:<ms>` or `lognormal:<mean>:<sd>:<p>:<mult>`.
+//! stragglers at 10x): `fixed:<ms>`, `lognormal:<mean>:<sd>:<p>:<mult>`,
+//! `cache:<hit_mean>:<hit_sd>:<miss_p>:<miss_mean>:<miss_sd>` or `streaming`
+//! (time to first token: cache hits 15 ms sd 3, 20% misses 200 ms sd 25).
+//! `--stream` (default off): every response streams CHUNKS chunks GAP_MS
+//! apart, the first after the model's delay (an SSE / LLM token stream).
 //! Stops on SIGINT/SIGTERM.
 
-use integration_tests::sim::{Latency, Simulator};
+use integration_tests::sim::{Latency, Simulator, Stream};
 
 fn main() {
     let mut listen = Vec::new();
     let mut control = "127.0.0.1:0".to_string();
     let mut model = Latency::reference();
+    let mut stream = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next();
@@ -25,8 +30,13 @@ fn main() {
             ("--model", Some(v)) => {
                 let parts: Vec<&str> = v.split(':').collect();
                 model = Latency::parse(&parts).unwrap_or_else(|| {
-                    fail(&format!("--model {v:?}: expected reference, fixed:<ms> or lognormal:<mean_ms>:<sd_ms>:<straggler_prob>:<straggler_mult>"))
+                    fail(&format!("--model {v:?}: expected reference, streaming, fixed:<ms>, lognormal:<mean_ms>:<sd_ms>:<straggler_prob>:<straggler_mult> or cache:<hit_mean_ms>:<hit_sd_ms>:<miss_prob>:<miss_mean_ms>:<miss_sd_ms>"))
                 });
+            }
+            ("--stream", Some(v)) => {
+                stream = Some(Stream::parse(&v).unwrap_or_else(|| {
+                    fail(&format!("--stream {v:?}: expected <chunks>:<gap_ms>"))
+                }));
             }
             _ => fail(&format!("unknown or incomplete argument {flag:?}")),
         }
@@ -36,8 +46,9 @@ fn main() {
     }
     let sim = Simulator::start_at(&listen, &control, vec![model.clone(); listen.len()])
         .unwrap_or_else(|e| fail(&format!("cannot listen on {listen:?}: {e}")));
+    sim.set_stream(stream);
     println!(
-        "sim: {} host(s) on {:?} (ports {:?}), control port {}, model {model:?}",
+        "sim: {} host(s) on {:?} (ports {:?}), control port {}, model {model:?}, stream {stream:?}",
         listen.len(),
         listen,
         sim.ports(),
