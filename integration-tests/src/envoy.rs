@@ -214,6 +214,8 @@ pub struct Envoy {
     child: Child,
     /// The config loads the filter (baseline and static-hedge ones do not).
     has_filter: bool,
+    /// The config runs the module as an upstream filter too (streaming).
+    has_upstream_role: bool,
     pub admin_port: u16,
     pub listener_port: u16,
     dir: PathBuf,
@@ -308,9 +310,11 @@ impl Envoy {
             pids.push(child.id());
         }
         let has_filter = text.contains("adaptive_hedge.wasm");
+        let has_upstream_role = text.contains(r#"\"role\": \"upstream\""#);
         let mut envoy = Envoy {
             child,
             has_filter,
+            has_upstream_role,
             admin_port,
             listener_port,
             dir,
@@ -414,6 +418,10 @@ impl Envoy {
             "Function: proxy_on",
             "Failed to load Wasm",
             "unreachable",
+            // a role in the wrong filter chain (it passes requests through)
+            "Requests pass through untouched",
+            // the upstream role's holds never released
+            "none was ever released",
         ] {
             assert!(
                 !log.contains(needle),
@@ -432,6 +440,12 @@ impl Envoy {
             assert!(
                 log.contains("adaptive-hedge 0.1.0 configured"),
                 "the filter never configured:\n{log}"
+            );
+        }
+        if self.has_upstream_role {
+            assert!(
+                log.contains(r#"adaptive-hedge 0.1.0 configured: {"role":"upstream"}"#),
+                "the upstream role never configured:\n{log}"
             );
         }
     }

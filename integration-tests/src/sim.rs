@@ -14,7 +14,10 @@
 //!   end of the body after the delay, with no data. `x-sim-trailers: 1` ends
 //!   the stream with trailers (HTTP/2, or HTTP/1.1 when the request allows).
 //!   A host started with a default stream (`Simulator::set_stream`, the
-//!   `sim` binary's `--stream`) streams every request that does not say.
+//!   `sim` binary's `--stream`) streams every request that does not say
+//!   (`x-sim-stream: off`: a plain response) and is not a HEAD.
+//! - Every response echoes the first-byte marker the request carried, if
+//!   any, as `x-sim-marker` (what the filter sent upstream).
 //! - `x-sim-body: empty`: a `200` with `content-length: 0` after the delay.
 //! - `upgrade: websocket`: `101 Switching Protocols`, then every byte sent
 //!   is echoed back.
@@ -44,6 +47,8 @@ use rand_distr::{Distribution, LogNormal};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
+
+use adaptive_hedge::policy::hold::FIRST_BYTE_MARKER;
 
 /// How long a host takes to answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -505,8 +510,10 @@ async fn handle(
         _ => None,
     };
     let default_stream = *shared.stream.lock().unwrap();
-    let stream = match (header_ms(&req, "x-sim-stream"), default_stream) {
-        (Some(chunks), _) => Some(Stream {
+    let marker = req.headers().get(FIRST_BYTE_MARKER).cloned();
+    let stream = match (req.headers().get("x-sim-stream"), default_stream) {
+        (Some(v), _) if v.as_bytes() == b"off" => None,
+        (Some(_), _) => header_ms(&req, "x-sim-stream").map(|chunks| Stream {
             chunks,
             gap: Duration::from_millis(header_ms(&req, "x-sim-chunk-gap-ms").unwrap_or(10)),
         }),
@@ -515,8 +522,9 @@ async fn handle(
     };
     if let Some(stream) = stream {
         let trailers = header_ms(&req, "x-sim-trailers") == Some(1);
-        return Ok(stream_response(
-            guard, attempt, delay, stream, trailers, None,
+        return Ok(with_marker(
+            stream_response(guard, attempt, delay, stream, trailers, None),
+            marker,
         ));
     }
     if fault == Some(Fault::ResetMidBody) {
@@ -527,6 +535,7 @@ async fn handle(
         return Ok(stream_response(guard, attempt, delay, stream, false, fault));
     }
     let status = header_ms(&req, "x-sim-status").unwrap_or(200);
+    let is_head = req.method() == hyper::Method::HEAD;
     let req_body_empty = req
         .headers()
         .get("x-sim-body")
@@ -539,7 +548,8 @@ async fn handle(
     // drain the request body (a hedged GET has none)
     let _ = req.into_body().collect().await;
     guard.done = true;
-    let body = match req_body_empty {
+    // 204, 304 and HEAD answers have no body by definition (HTTP/2 rejects one).
+    let body = match req_body_empty || status == 204 || status == 304 || is_head {
         true => String::new(),
         false => format!("host={} attempt={attempt}\n", host.index),
     };
@@ -553,7 +563,17 @@ async fn handle(
         .header("x-sim-attempt", attempt.to_string())
         .body(full(body))
         .unwrap_or_else(|_| Response::new(full(String::new())));
-    Ok(response)
+    Ok(with_marker(response, marker))
+}
+
+fn with_marker(
+    mut response: Response<Body>,
+    marker: Option<hyper::header::HeaderValue>,
+) -> Response<Body> {
+    if let Some(marker) = marker {
+        response.headers_mut().insert("x-sim-marker", marker);
+    }
+    response
 }
 
 /// Headers now; the first chunk after `first_byte`, then one every `gap`

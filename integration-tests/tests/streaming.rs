@@ -1,0 +1,416 @@
+//! Streaming upstreams (SSE, LLM tokens) hedged on the first body byte:
+//! `envoy-configs/envoy-streaming.yaml` runs the module twice, downstream
+//! (learns, arms, marks) and as the cluster's upstream filter (holds each
+//! marked attempt's 2xx headers until its first body byte). Real Envoy, the
+//! real .wasm, a real streaming upstream simulator.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use integration_tests::envoy::{Envoy, EnvoyOptions};
+use integration_tests::load::{self, request, Reply};
+use integration_tests::runtime;
+use integration_tests::sim::{Latency, Simulator, Stream};
+
+const CONFIG: &str = "envoy-streaming.yaml";
+/// The downstream role's plugin config as shipped in CONFIG.
+const SHIPPED_DOWNSTREAM: &str = r#"value: "{\"latency_signal\": \"first_byte\"}""#;
+const CHUNKS: u64 = 5;
+
+/// The downstream config for tests: the shipped first-byte mode, learning
+/// fast, a roomy budget (these tests check the race, not the budget) and
+/// the debug header.
+fn downstream(extra: &str) -> String {
+    plugin_value(&format!(
+        r#"{{"latency_signal": "first_byte", "min_samples": 50, "budget_percent": 50, "debug_header": true{extra}}}"#
+    ))
+}
+
+/// The same, learning from (and hedging on) the response headers instead.
+fn downstream_on_headers() -> String {
+    plugin_value(r#"{"min_samples": 50, "budget_percent": 50, "debug_header": true}"#)
+}
+
+fn plugin_value(json: &str) -> String {
+    format!("value: {}", serde_json::to_string(json).unwrap())
+}
+
+fn streaming_envoy(sim: &Simulator, extra: &str) -> EnvoyOptions {
+    EnvoyOptions::new(CONFIG, sim.ports()).edit(SHIPPED_DOWNSTREAM, &downstream(extra))
+}
+
+/// Three hosts streaming CHUNKS chunks 5 ms apart, first byte after ~20 ms.
+fn streaming_sim() -> Simulator {
+    let sim = Simulator::start(vec![Latency::fixed_ms(20); 3]).unwrap();
+    sim.set_stream(Some(Stream {
+        chunks: CHUNKS,
+        gap: Duration::from_millis(5),
+    }));
+    sim
+}
+
+fn h2c(options: EnvoyOptions) -> EnvoyOptions {
+    options.edit(
+        "explicit_http_config:\n            http_protocol_options: {}",
+        "explicit_http_config:\n            http2_protocol_options: {}",
+    )
+}
+
+fn stat(envoy: &Envoy, name: &str) -> i64 {
+    envoy.stat(&format!("wasmcustom.adaptive_hedge.{name}"))
+}
+
+/// Waits for the upstream role's tick (1 s) to flush its counters.
+fn upstream_counters(envoy: &Envoy) -> (i64, i64, i64) {
+    std::thread::sleep(Duration::from_millis(1300));
+    (
+        stat(envoy, "first_byte_holds_total"),
+        stat(envoy, "first_byte_releases_total"),
+        stat(envoy, "first_byte_held_ended_total"),
+    )
+}
+
+fn assert_full_stream(reply: &Reply, attempt: &str) {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    for i in 0..CHUNKS {
+        let chunk = format!("attempt={attempt} chunk={i}\n");
+        assert!(
+            reply.body.contains(&chunk),
+            "missing {chunk:?} in {:?}",
+            reply.body
+        );
+    }
+    assert!(
+        !reply.body.contains(if attempt == "1" {
+            "attempt=2"
+        } else {
+            "attempt=1"
+        }),
+        "two attempts mixed in one body: {:?}",
+        reply.body
+    );
+}
+
+/// A streamed request whose first attempt's first byte is 1 s late is
+/// answered by the hedge near the learned delay, with the hedge's whole
+/// body; the loser is cancelled. The same request without the upstream role
+/// (headers mode, as Envoy alone would do it) waits the full second.
+fn first_byte_race(h2: bool) {
+    let sim = streaming_sim();
+    let mut options = streaming_envoy(&sim, "");
+    if h2 {
+        options = h2c(options);
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let client = load::client();
+    let rt = runtime();
+    rt.block_on(async {
+        common::warm_up(&client, &envoy, "/", 200, 4).await;
+        let delay = common::learned_delay_ms(&envoy, "backend");
+        assert!(
+            (15.0..=120.0).contains(&delay),
+            "learned time to first byte of a 20 ms stream: {delay} ms; {}",
+            envoy.filter_stats("backend")
+        );
+        sim.reset_counts();
+        let reply = request(
+            &client,
+            "GET",
+            &envoy.url("/v1/completions"),
+            &[("x-sim-first-delay-ms", "1000")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            reply.headers.get("x-sim-attempt").map(String::as_str),
+            Some("2"),
+            "the hedge should answer: {reply:?}"
+        );
+        assert_full_stream(&reply, "2");
+        let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
+        let headers = reply.headers_after.as_secs_f64() * 1000.0;
+        assert!(
+            first_byte >= delay && first_byte < delay + 400.0,
+            "first byte at {first_byte:.1} ms, delay {delay} ms"
+        );
+        // the client gets the headers with the first byte, not before
+        assert!(headers >= delay, "headers at {headers:.1} ms");
+        let counts = sim.settle(Duration::from_secs(3));
+        assert_eq!(counts.arrivals, 2, "{counts:?}");
+        assert_eq!(
+            counts.cancellations, 1,
+            "the slow first attempt: {counts:?}"
+        );
+    });
+    let (holds, releases, held_ended) = upstream_counters(&envoy);
+    assert!(
+        holds >= 2 && releases >= 1 && held_ended >= 1,
+        "holds {holds}, releases {releases}, ended held {held_ended}"
+    );
+    assert!(stat(&envoy, "hedges_sent_total.backend") >= 1);
+    envoy.assert_no_vm_failure();
+    drop(envoy);
+
+    // Control: headers mode (no marker, so nothing is held). The router
+    // commits to the first attempt's immediate 200 and the hedge never fires.
+    let plain = Envoy::start(
+        EnvoyOptions::new(CONFIG, sim.ports()).edit(SHIPPED_DOWNSTREAM, &downstream_on_headers()),
+    )
+    .unwrap();
+    rt.block_on(async {
+        common::warm_up(&client, &plain, "/", 200, 4).await;
+        sim.reset_counts();
+        let reply = request(
+            &client,
+            "GET",
+            &plain.url("/v1/completions"),
+            &[("x-sim-first-delay-ms", "1000")],
+        )
+        .await
+        .unwrap();
+        assert_full_stream(&reply, "1");
+        let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
+        assert!(first_byte >= 950.0, "first byte at {first_byte:.1} ms");
+        assert_eq!(sim.settle(Duration::from_secs(3)).arrivals, 1);
+    });
+    plain.assert_no_vm_failure();
+}
+
+#[test]
+fn hedge_wins_on_first_byte_over_http1() {
+    first_byte_race(false);
+}
+
+#[test]
+fn hedge_wins_on_first_byte_over_h2c() {
+    first_byte_race(true);
+}
+
+/// Both attempts' first bytes come long after the delay: the answer is
+/// still the 200 of one of them (whichever byte came first), never a 504
+/// made by a per-try timeout, and the stream is whole.
+#[test]
+fn both_attempts_slower_than_the_delay_still_end_in_a_200() {
+    let sim = streaming_sim();
+    let envoy = Envoy::start(streaming_envoy(&sim, "")).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 200, 4).await;
+        let delay = common::learned_delay_ms(&envoy, "backend");
+        for _ in 0..5 {
+            sim.reset_counts();
+            let reply = request(
+                &client,
+                "GET",
+                &envoy.url("/v1/completions"),
+                &[("x-sim-delay-ms", "400")],
+            )
+            .await
+            .unwrap();
+            let attempt = reply
+                .headers
+                .get("x-sim-attempt")
+                .cloned()
+                .unwrap_or_default();
+            assert_full_stream(&reply, &attempt);
+            assert!(
+                reply
+                    .headers
+                    .get("x-adaptive-hedge")
+                    .is_some_and(|d| d.starts_with("armed")),
+                "{reply:?}"
+            );
+            let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
+            assert!(first_byte >= 400.0, "first byte at {first_byte:.1} ms");
+            // the hedge went out at the delay, well before either first byte
+            let counts = sim.settle(Duration::from_secs(3));
+            assert_eq!(counts.arrivals, 2, "delay {delay} ms: {counts:?}");
+        }
+    });
+    envoy.assert_no_vm_failure();
+}
+
+/// Responses with nothing to wait for, or that must not wait, pass both
+/// roles at once: 204, 304, HEAD, empty bodies, 503 and (over HTTP/1.1) a
+/// WebSocket upgrade, on armed requests. A held one would hang until the
+/// route timeout (60 s), so "fast" here means "not held".
+fn pass_through(h2: bool) {
+    let sim = streaming_sim();
+    let mut options = streaming_envoy(&sim, "");
+    if h2 {
+        options = h2c(options);
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 200, 4).await;
+        let cases: [(&str, &[(&str, &str)], u16); 7] = [
+            (
+                "GET",
+                &[("x-sim-stream", "off"), ("x-sim-status", "204")],
+                204,
+            ),
+            (
+                "GET",
+                &[("x-sim-stream", "off"), ("x-sim-status", "304")],
+                304,
+            ),
+            ("HEAD", &[], 200),
+            (
+                "GET",
+                &[("x-sim-stream", "off"), ("x-sim-body", "empty")],
+                200,
+            ),
+            // headers at once, then the end of an empty body 30 ms later: held, then released
+            (
+                "GET",
+                &[("x-sim-stream", "0"), ("x-sim-delay-ms", "30")],
+                200,
+            ),
+            // ended by trailers alone (sent over h2c; HTTP/1.1 ends it plainly)
+            (
+                "GET",
+                &[
+                    ("x-sim-stream", "0"),
+                    ("x-sim-trailers", "1"),
+                    ("x-sim-delay-ms", "30"),
+                ],
+                200,
+            ),
+            (
+                "GET",
+                &[("x-sim-stream", "off"), ("x-sim-status", "503")],
+                503,
+            ),
+        ];
+        for (method, headers, status) in cases {
+            let t0 = Instant::now();
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                request(&client, method, &envoy.url("/edge"), headers),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{method} {headers:?} hung"))
+            .unwrap();
+            assert_eq!(reply.status, status, "{method} {headers:?}: {reply:?}");
+            if status != 503 {
+                assert!(reply.body.is_empty(), "{method} {headers:?}: {reply:?}");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(3),
+                "{method} {headers:?} took {:?}",
+                t0.elapsed()
+            );
+            if status != 503 {
+                assert!(
+                    reply
+                        .headers
+                        .get("x-adaptive-hedge")
+                        .is_some_and(|d| d.starts_with("armed")),
+                    "{method} {headers:?} should be armed (so marked): {reply:?}"
+                );
+            }
+        }
+    });
+    if !h2 {
+        // Envoy speaks WebSocket upstream over HTTP/1.1 only (h2 would need
+        // extended CONNECT on the host).
+        let (head, echo) = websocket_roundtrip(envoy.listener_port, b"ping over the upgrade");
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        assert!(
+            head.contains("x-adaptive-hedge: skipped; reason=upgrade"),
+            "{head}"
+        );
+        assert_eq!(echo, b"ping over the upgrade");
+    }
+    envoy.assert_no_vm_failure();
+}
+
+/// A raw WebSocket upgrade through Envoy: the 101's head, then what the
+/// upstream echoed of `payload`.
+fn websocket_roundtrip(port: u16, payload: &[u8]) -> (String, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /ws HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed after {head:?}");
+        head.push(byte[0]);
+    }
+    s.write_all(payload).unwrap();
+    let mut echo = vec![0u8; payload.len()];
+    s.read_exact(&mut echo).unwrap();
+    (
+        String::from_utf8_lossy(&head)
+            .to_lowercase()
+            .replace("http/1.1", "HTTP/1.1"),
+        echo,
+    )
+}
+
+#[test]
+fn responses_that_must_not_wait_pass_at_once_over_http1() {
+    pass_through(false);
+}
+
+#[test]
+fn responses_that_must_not_wait_pass_at_once_over_h2c() {
+    pass_through(true);
+}
+
+/// Only requests the filter arms carry the marker upstream: a client's own
+/// marker is removed from a request that is not armed, and replaced on one
+/// that is.
+#[test]
+fn only_armed_requests_are_marked() {
+    let sim = streaming_sim();
+    let envoy = Envoy::start(streaming_envoy(&sim, "").trust_loopback_clients()).unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 200, 4).await;
+        let armed = request(&client, "GET", &envoy.url("/"), &[]).await.unwrap();
+        assert_eq!(
+            armed.headers.get("x-sim-marker").map(String::as_str),
+            Some("1")
+        );
+        let forged = request(
+            &client,
+            "GET",
+            &envoy.url("/"),
+            &[("x-adaptive-hedge-first-byte", "forged")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            forged.headers.get("x-sim-marker").map(String::as_str),
+            Some("1")
+        );
+        let unarmed = request(
+            &client,
+            "DELETE",
+            &envoy.url("/"),
+            &[("x-adaptive-hedge-first-byte", "1")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(unarmed.status, 200);
+        assert!(
+            unarmed
+                .headers
+                .get("x-adaptive-hedge")
+                .is_some_and(|d| d.contains("reason=method")),
+            "{unarmed:?}"
+        );
+        assert_eq!(unarmed.headers.get("x-sim-marker"), None, "{unarmed:?}");
+    });
+    envoy.assert_no_vm_failure();
+}
