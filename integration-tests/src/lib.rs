@@ -4,6 +4,7 @@
 //! and is stopped when its handle drops.
 
 pub mod callgrind;
+pub mod config_check;
 pub mod envoy;
 pub mod load;
 pub mod scenario;

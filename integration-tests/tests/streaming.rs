@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use integration_tests::config_check::check;
 use integration_tests::envoy::{Envoy, EnvoyOptions};
 use integration_tests::load::{self, request, Reply};
 use integration_tests::runtime;
@@ -247,7 +248,7 @@ fn pass_through(h2: bool) {
     let client = load::client();
     runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 200, 4).await;
-        let cases: [(&str, &[(&str, &str)], u16); 7] = [
+        let cases: [Case; 7] = [
             (
                 "GET",
                 &[("x-sim-stream", "off"), ("x-sim-status", "204")],
@@ -328,6 +329,9 @@ fn pass_through(h2: bool) {
     }
     envoy.assert_no_vm_failure();
 }
+
+/// Method, request headers, expected status.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u16);
 
 /// A raw WebSocket upgrade through Envoy: the 101's head, then what the
 /// upstream echoed of `payload`.
@@ -413,4 +417,178 @@ fn only_armed_requests_are_marked() {
         assert_eq!(unarmed.headers.get("x-sim-marker"), None, "{unarmed:?}");
     });
     envoy.assert_no_vm_failure();
+}
+
+/// `make check-configs`: every shipped config passes, and the mistakes
+/// Envoy accepts silently are refused, each with its reason.
+#[test]
+fn config_check_passes_shipped_configs_and_refuses_silent_mistakes() {
+    let root = integration_tests::envoy::repo_root();
+    let mut shipped = Vec::new();
+    let mut dirs = vec![root.join("envoy-configs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                shipped.push(path);
+            }
+        }
+    }
+    let mut upstream_roles = 0;
+    for path in &shipped {
+        let report = check(&std::fs::read_to_string(path).unwrap());
+        assert!(
+            report.problems.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            report.problems
+        );
+        upstream_roles += report.upstream;
+    }
+    assert!(
+        upstream_roles >= 1,
+        "no shipped config runs the upstream role"
+    );
+
+    let streaming = std::fs::read_to_string(root.join("envoy-configs").join(CONFIG)).unwrap();
+    let refused = |text: &str, why: &str| {
+        let report = check(text);
+        assert!(
+            report.problems.iter().any(|p| p.contains(why)),
+            "expected a problem with {why:?}: {:?}",
+            report.problems
+        );
+    };
+    refused(
+        &streaming.replace(
+            "allow_on_headers_stop_iteration: true",
+            "allow_on_headers_stop_iteration: false",
+        ),
+        "allow_on_headers_stop_iteration",
+    );
+    refused(
+        &streaming.replace(
+            "                  allow_on_headers_stop_iteration: true\n",
+            "",
+        ),
+        "hangs until the route timeout",
+    );
+    // the roles swapped: each in the other's chain
+    refused(
+        &streaming.replace(r#"{\"role\": \"upstream\"}"#, "{}"),
+        "downstream role in a cluster's http_filters",
+    );
+    refused(
+        &streaming.replace(SHIPPED_DOWNSTREAM, r#"value: "{\"role\": \"upstream\"}""#),
+        "not the HTTP connection manager's",
+    );
+    refused(
+        &streaming.replace(
+            "            - name: envoy.filters.http.upstream_codec",
+            "            - name: envoy.filters.http.buffer",
+        ),
+        "must end with envoy.filters.http.upstream_codec",
+    );
+    refused(
+        &streaming.replace("first_byte", "first_bite"),
+        "latency_signal",
+    );
+    // first_byte with no upstream role anywhere in the file: a warning
+    let plain = std::fs::read_to_string(root.join("envoy-configs/envoy.yaml")).unwrap();
+    let report = check(&plain.replace(r#"value: "{}""#, SHIPPED_DOWNSTREAM));
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("no {\"role\": \"upstream\"}")),
+        "{:?}",
+        report.warnings
+    );
+}
+
+/// The trap the config check exists for, at run time: without
+/// `allow_on_headers_stop_iteration` an armed stream hangs until the route
+/// timeout (a 504 here, at 3 s), and the upstream role says why in Envoy's
+/// log. Requests that are not armed (warm-up) are untouched.
+#[test]
+fn without_allow_on_headers_stop_iteration_the_hang_is_named_in_the_log() {
+    let sim = streaming_sim();
+    let envoy = Envoy::start(
+        streaming_envoy(&sim, "")
+            .edit(
+                "                  allow_on_headers_stop_iteration: true\n",
+                "",
+            )
+            .edit("timeout: 60s", "timeout: 3s"),
+    )
+    .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        // Learning needs 50 samples; the requests armed after that hang too.
+        let warm =
+            load::closed_loop(&client, &envoy.url("/"), 4, 60, Duration::from_secs(10)).await;
+        assert!(warm.ok() >= 50, "{}", warm.summary());
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let reply = request(&client, "GET", &envoy.url("/v1/completions"), &[])
+            .await
+            .unwrap();
+        assert!(
+            reply
+                .headers
+                .get("x-adaptive-hedge")
+                .is_some_and(|d| d.starts_with("armed")),
+            "{reply:?}"
+        );
+        assert_eq!(reply.status, 504, "held until the route timeout: {reply:?}");
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !envoy.log().contains("allow_on_headers_stop_iteration") {
+        assert!(
+            Instant::now() < deadline,
+            "no log line names the cause:\n{}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(envoy.log().contains("none was ever released"));
+}
+
+/// Each role in the other's chain starts, says so once in Envoy's log, and
+/// passes requests through untouched.
+#[test]
+fn a_role_in_the_wrong_chain_is_named_and_passes_through() {
+    let sim = streaming_sim();
+    let swapped = [
+        (
+            streaming_envoy(&sim, "")
+                .edit(r#"value: "{\"role\": \"upstream\"}""#, r#"value: "{}""#),
+            "running as an upstream filter (a cluster's http_filters) with the downstream role",
+        ),
+        (
+            EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"role": "upstream"}"#),
+            "configured with \"role\": \"upstream\" but running in the HTTP connection manager's",
+        ),
+    ];
+    let client = load::client();
+    let rt = runtime();
+    for (options, complaint) in swapped {
+        let envoy = Envoy::start(options).unwrap();
+        rt.block_on(async {
+            for _ in 0..20 {
+                let reply = request(&client, "GET", &envoy.url("/"), &[]).await.unwrap();
+                assert_full_stream(&reply, "1");
+            }
+        });
+        let log = envoy.log();
+        assert!(log.contains(complaint), "{complaint}:\n{log}");
+        // once per VM, not per request
+        assert!(log.matches(complaint).count() <= 3, "{log}");
+        assert!(
+            !log.contains("panicked") && !log.contains("wasm trap"),
+            "{log}"
+        );
+    }
 }
