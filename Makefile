@@ -5,7 +5,11 @@
 #   make demo    the reference workload without and with the filter, as a table
 #   make bench   adaptive vs static vs none, under shifts and outages, and the filter's cost
 #                (BENCH_QUICK=1: a smoke run); writes results/
-#   make lint    rustfmt + clippy (native and wasm32), warnings are errors
+#   make lint    rustfmt + clippy (native and wasm32), warnings are errors,
+#                and make check-configs
+#   make check-configs  the shipped configs (or FILES=...) for mistakes Envoy
+#                accepts silently, e.g. the streaming mode's upstream role
+#                without allow_on_headers_stop_iteration
 #   make run     Envoy with the filter in front of simulated hosts, on this
 #                machine (under func-e when it is installed; RUN_WITH=envoy
 #                to run the binary directly)
@@ -29,12 +33,13 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: soak fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+.PHONY: check-configs soak fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
 FUNC_E_VERSION := v1.6.0
 FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
 OCI_LAYOUT := build/oci
 OCI_TAG := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-DIGEST_MANIFESTS := envoy-configs/istio/wasmplugin.yaml envoy-configs/gateway/adaptive-hedge.yaml
+DIGEST_MANIFESTS := envoy-configs/istio/wasmplugin.yaml envoy-configs/gateway/adaptive-hedge.yaml \
+  envoy-configs/istio/streaming.yaml envoy-configs/gateway/streaming.yaml
 
 setup:
 	rustup target add $(WASM_TARGET)
@@ -142,7 +147,13 @@ fuzz:
 	    || { echo "fuzz $$t: failure, input in fuzz/artifacts/$$t/"; exit 1; }; \
 	done
 
-lint:
+# Mistakes Envoy accepts silently (an upstream role without
+# allow_on_headers_stop_iteration hangs streams); FILES= to check your own.
+FILES ?= $(shell find envoy-configs -name '*.yaml' | sort)
+check-configs:
+	cargo run --quiet --profile e2e -p integration-tests --bin check-configs -- $(FILES)
+
+lint: check-configs
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -p adaptive-hedge -p integration-tests -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter -- -D warnings

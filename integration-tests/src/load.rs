@@ -175,7 +175,17 @@ impl LoadResult {
     }
 
     pub fn summary(&self) -> String {
-        format!(
+        let first_byte = if self.first_byte_us.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; first byte p50={:.1}ms p90={:.1}ms p99={:.1}ms",
+                self.first_byte_ms(0.5),
+                self.first_byte_ms(0.9),
+                self.first_byte_ms(0.99)
+            )
+        };
+        let text = format!(
             "n={} ok={} errors={} statuses={:?} p50={:.1}ms p90={:.1}ms p99={:.1}ms p999={:.1}ms max={:.1}ms in {:.1}s",
             self.sent,
             self.ok(),
@@ -187,7 +197,8 @@ impl LoadResult {
             self.ms(0.999),
             self.latency_us.max() as f64 / 1000.0,
             self.elapsed.as_secs_f64()
-        )
+        );
+        text + &first_byte
     }
 }
 

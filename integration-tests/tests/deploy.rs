@@ -21,9 +21,11 @@ use sha2::{Digest, Sha256};
 const ENVOY_VERSION: &str = "1.40.0";
 const IMAGE_TAG: &str = env!("CARGO_PKG_VERSION");
 /// The manifests that quote the image digest.
-const MANIFESTS: [&str; 2] = [
+const MANIFESTS: [&str; 4] = [
     "envoy-configs/istio/wasmplugin.yaml",
     "envoy-configs/gateway/adaptive-hedge.yaml",
+    "envoy-configs/istio/streaming.yaml",
+    "envoy-configs/gateway/streaming.yaml",
 ];
 
 /// A tool this test needs; CI installs them (`make setup-deploy`). `go
@@ -189,6 +191,63 @@ fn compose_file_is_valid_and_everything_it_uses_exists() {
     );
 }
 
+/// The compose file's streaming profile: its Envoy runs both roles from the
+/// mounted wasm, reaches the streaming hosts by name, and passes both
+/// `envoy --mode validate` and the config check.
+#[test]
+fn compose_streaming_profile_is_valid() {
+    let root = repo_root();
+    let doc = &yaml_docs("docker-compose.yml")[0];
+    let service = &doc["services"]["envoy-streaming"];
+    assert_eq!(str_at(service, "profiles.0"), "streaming");
+    let volumes: Vec<&str> = service["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        volumes.contains(&"./envoy-configs/docker/envoy-streaming.yaml:/etc/envoy/envoy.yaml:ro"),
+        "{volumes:?}"
+    );
+    for n in 1..=3 {
+        let sim = &doc["services"][format!("sim-stream-{n}").as_str()];
+        let command: Vec<&str> = sim["command"]
+            .as_sequence()
+            .expect("command")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            command.windows(2).any(|w| w == ["--stream", "20:10"]),
+            "{command:?}"
+        );
+        assert!(
+            command.windows(2).any(|w| w == ["--model", "streaming"]),
+            "{command:?}"
+        );
+    }
+    let text =
+        std::fs::read_to_string(root.join("envoy-configs/docker/envoy-streaming.yaml")).unwrap();
+    for n in 1..=3 {
+        assert!(text.contains(&format!("address: sim-stream-{n}, port_value: 8080")));
+    }
+    let report = integration_tests::config_check::check(&text);
+    assert!(
+        report.problems.is_empty() && report.upstream == 1,
+        "{report:?}"
+    );
+    let (ok, output) = Envoy::validate(EnvoyOptions::new("docker/envoy-streaming.yaml", &[]).edit(
+        "/etc/envoy/adaptive_hedge.wasm",
+        &envoy::wasm_path().display().to_string(),
+    ))
+    .expect("validate");
+    assert!(
+        ok,
+        "envoy --mode validate refused docker/envoy-streaming.yaml:\n{output}"
+    );
+}
+
 /// The compose topology without Docker: the `sim` and `load` binaries the
 /// images hold, with the same arguments, around a real Envoy.
 #[test]
@@ -348,7 +407,10 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
         "the image build is not reproducible"
     );
     let hex = digest.trim_start_matches("sha256:");
-    let istio = yaml_docs(MANIFESTS[0]);
+    let istio: Vec<Value> = [MANIFESTS[0], MANIFESTS[2]]
+        .iter()
+        .flat_map(|m| yaml_docs(m))
+        .collect();
     for plugin in of_kind(&istio, "WasmPlugin") {
         assert_eq!(
             str_at(plugin, "spec.sha256"),
@@ -361,7 +423,10 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
             format!("oci://ghcr.io/adaptive-hedge/adaptive-hedge:{IMAGE_TAG}")
         );
     }
-    let gateway = yaml_docs(MANIFESTS[1]);
+    let gateway: Vec<Value> = [MANIFESTS[1], MANIFESTS[3]]
+        .iter()
+        .flat_map(|m| yaml_docs(m))
+        .collect();
     for policy in of_kind(&gateway, "EnvoyExtensionPolicy") {
         for wasm in policy["spec"]["wasm"].as_sequence().expect("wasm") {
             assert_eq!(
@@ -536,4 +601,102 @@ fn func_e_runs_envoy_with_the_filter() {
     envoy.assert_no_vm_failure();
     drop(envoy);
     let _ = std::fs::remove_dir_all(&home);
+}
+
+/// The streaming manifests: the downstream role in first-byte mode where the
+/// platform's own API allows it, and the upstream role through the only door
+/// each platform has to a cluster's filter chain (Istio EnvoyFilter on the
+/// CLUSTER, Envoy Gateway EnvoyPatchPolicy). The cluster each patch produces
+/// passes the config check and `envoy --mode validate` with the real wasm.
+#[test]
+fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
+    let istio = yaml_docs(MANIFESTS[2]);
+    let plugin = of_kind(&istio, "WasmPlugin")[0];
+    let config = check_plugin_config(MANIFESTS[2], get(plugin, "spec.pluginConfig"));
+    assert_eq!(
+        config.latency_signal,
+        adaptive_hedge::policy::config::LatencySignal::FirstByte
+    );
+    let filter = of_kind(&istio, "EnvoyFilter")[0];
+    assert_eq!(str_at(filter, "spec.configPatches.0.applyTo"), "CLUSTER");
+    assert_eq!(
+        str_at(filter, "spec.configPatches.0.patch.operation"),
+        "MERGE"
+    );
+    let istio_options = get(
+        filter,
+        "spec.configPatches.0.patch.value.typed_extension_protocol_options",
+    )
+    .clone();
+
+    let gateway = yaml_docs(MANIFESTS[3]);
+    let policy = of_kind(&gateway, "EnvoyExtensionPolicy")[0];
+    let config = check_plugin_config(MANIFESTS[3], get(policy, "spec.wasm.0.config"));
+    assert_eq!(
+        config.latency_signal,
+        adaptive_hedge::policy::config::LatencySignal::FirstByte
+    );
+    let patch = of_kind(&gateway, "EnvoyPatchPolicy")[0];
+    assert_eq!(str_at(patch, "spec.type"), "JSONPatch");
+    assert_eq!(
+        str_at(patch, "spec.jsonPatches.0.operation.path"),
+        "/typed_extension_protocol_options"
+    );
+    let gateway_options = get(patch, "spec.jsonPatches.0.operation.value").clone();
+    // the file the patch loads is the one the EnvoyProxy mounts
+    let proxy = of_kind(&gateway, "EnvoyProxy")[0];
+    let mount = str_at(
+        proxy,
+        "spec.provider.kubernetes.envoyDeployment.container.volumeMounts.0.mountPath",
+    );
+    assert!(serde_yaml::to_string(&gateway_options)
+        .unwrap()
+        .contains(mount));
+
+    for (name, mut options) in [("istio", istio_options), ("gateway", gateway_options)] {
+        // Envoy needs a protocol; Istio's own options supply it on a mesh.
+        let key = Value::from("envoy.extensions.upstreams.http.v3.HttpProtocolOptions");
+        if options[&key].get("explicit_http_config").is_none() {
+            options[&key]["explicit_http_config"] =
+                serde_yaml::from_str("{http_protocol_options: {}}").unwrap();
+        }
+        let mut bootstrap: Value = serde_yaml::from_str(
+            &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-streaming.yaml"))
+                .unwrap(),
+        )
+        .unwrap();
+        bootstrap["static_resources"]["clusters"][0]["typed_extension_protocol_options"] = options;
+        let text = serde_yaml::to_string(&bootstrap)
+            .unwrap()
+            .replace(
+                "filename: build/",
+                "filename: /var/local/lib/adaptive-hedge/",
+            )
+            .replace(
+                "/var/local/lib/adaptive-hedge/adaptive_hedge.wasm",
+                &envoy::wasm_path().display().to_string(),
+            );
+        let report = integration_tests::config_check::check(&text);
+        assert!(
+            report.problems.is_empty() && report.upstream == 1,
+            "{name}: {report:?}"
+        );
+        let path = std::env::temp_dir().join(format!(
+            "adaptive-hedge-{name}-streaming-{}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(envoy::envoy_binary())
+            .args(["--mode", "validate", "--log-level", "info", "-c"])
+            .arg(&path)
+            .output()
+            .expect("envoy");
+        let _ = std::fs::remove_file(&path);
+        let output = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && output.contains("OK"),
+            "{name}: envoy --mode validate refused the patched cluster:\n{output}"
+        );
+    }
 }
