@@ -5,7 +5,9 @@
   extra load in the legend;
 - timeline_<scenario>.png: the learned delay and the hedge rate over time
   (adaptive-hedge and Envoy's static 10 ms hedging), for the scenarios that
-  change during the run.
+  change during the run;
+- streaming.png: time to first byte and to the end of the stream, per
+  configuration, for the streaming scenario.
 """
 import json
 import re
@@ -74,6 +76,29 @@ def main(folder):
             a.grid(True, alpha=0.3)
         fig.tight_layout()
         path = folder / f"timeline_{slug(name)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    streaming = [(run, t) for run, t in scenarios.get("streaming", []) if t.get("first_byte_ms")]
+    if streaming:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+        for run, target in streaming:
+            label = f'{run["configuration"]} (+{run["extra_load"] * 100:.1f}% load)'
+            first_byte = "first byte" in run["configuration"]
+            style = "-o" if first_byte else "--."
+            width = 2.2 if first_byte else 1
+            left.plot(QUANTILES, [target["first_byte_ms"][q] for q in QUANTILES], style, label=label, linewidth=width)
+            right.plot(QUANTILES, [target["latency_ms"][q] for q in QUANTILES], style, label=label, linewidth=width)
+        left.set_title("time to first byte")
+        right.set_title("time to the end of the stream")
+        left.set_ylabel("ms (log scale)")
+        for a in (left, right):
+            a.set_yscale("log")
+            a.grid(True, which="both", alpha=0.3)
+        left.legend(fontsize=6)
+        fig.suptitle("streaming: client percentiles")
+        fig.tight_layout()
+        path = folder / "streaming.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path.name)

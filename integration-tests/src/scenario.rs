@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::envoy::{Envoy, EnvoyOptions};
 use crate::load::{self, LoadResult};
-use crate::sim::{Latency, Simulator};
+use crate::sim::{Latency, Simulator, Stream};
 
 /// What sits between the load generator and the hosts.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +22,14 @@ pub enum Proxy {
     StaticHedge { delay_ms: u64 },
     /// Envoy with adaptive-hedge (`envoy.yaml`) and this plugin config.
     Adaptive { plugin_config: String },
+    /// Envoy with adaptive-hedge in first-byte mode, both roles
+    /// (`envoy-streaming.yaml`); `plugin_config` is the downstream role's,
+    /// `latency_signal` is set to `first_byte` over it.
+    AdaptiveFirstByte { plugin_config: String },
 }
+
+/// The downstream plugin config `envoy-streaming.yaml` ships with.
+const STREAMING_DOWNSTREAM: &str = r#"value: "{\"latency_signal\": \"first_byte\"}""#;
 
 impl Proxy {
     pub fn adaptive_defaults() -> Self {
@@ -40,6 +47,12 @@ impl Proxy {
                 "Envoy + adaptive-hedge (defaults)".into()
             }
             Proxy::Adaptive { plugin_config } => format!("Envoy + adaptive-hedge {plugin_config}"),
+            Proxy::AdaptiveFirstByte { plugin_config } if plugin_config.trim() == "{}" => {
+                "Envoy + adaptive-hedge, first byte (defaults)".into()
+            }
+            Proxy::AdaptiveFirstByte { plugin_config } => {
+                format!("Envoy + adaptive-hedge, first byte {plugin_config}")
+            }
         }
     }
 
@@ -56,7 +69,26 @@ impl Proxy {
             Proxy::Adaptive { plugin_config } => {
                 Some(EnvoyOptions::new("envoy.yaml", ports).plugin_config(plugin_config))
             }
+            Proxy::AdaptiveFirstByte { plugin_config } => {
+                let mut json: serde_json::Value =
+                    serde_json::from_str(plugin_config).unwrap_or_else(|_| serde_json::json!({}));
+                json["latency_signal"] = "first_byte".into();
+                let value = serde_json::to_string(&json.to_string()).unwrap_or_default();
+                Some(
+                    // its one cluster has three hosts
+                    EnvoyOptions::new("envoy-streaming.yaml", ports.get(..3).unwrap_or(ports))
+                        .edit(STREAMING_DOWNSTREAM, &format!("value: {value}")),
+                )
+            }
         }
+    }
+
+    /// Runs adaptive-hedge (either signal).
+    pub fn is_adaptive(&self) -> bool {
+        matches!(
+            self,
+            Proxy::Adaptive { .. } | Proxy::AdaptiveFirstByte { .. }
+        )
     }
 }
 
@@ -86,7 +118,12 @@ pub struct Plan {
     /// (fraction of the run, host or None for every host, new model)
     pub changes: Vec<(f64, Option<usize>, Latency)>,
     pub warmup: u64,
+    /// Warm-up arrivals per second (open loop).
+    pub warmup_rate: f64,
     pub workload: Workload,
+    /// Every response streams (SSE / LLM tokens): the hosts' model is then
+    /// the time to first byte.
+    pub stream: Option<Stream>,
 }
 
 impl Plan {
@@ -101,7 +138,9 @@ impl Plan {
             }],
             changes: Vec::new(),
             warmup,
+            warmup_rate: 2000.0,
             workload,
+            stream: None,
         }
     }
 }
@@ -141,6 +180,7 @@ impl Report {
 /// Runs `plan` through `proxy`.
 pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Result<Report, String> {
     let sim = Simulator::start(plan.hosts.clone()).map_err(|e| e.to_string())?;
+    sim.set_stream(plan.stream);
     let mut ports = sim.ports().to_vec();
     while ports.len() < 4 {
         ports.push(ports[0]); // the configs name four upstream hosts
@@ -173,7 +213,7 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         let w = rt.block_on(load::open_loop_mixed(
             &client,
             &urls,
-            2000.0,
+            plan.warmup_rate,
             plan.warmup,
             Duration::from_secs(10),
         ));
@@ -253,10 +293,8 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
     let learned_delay_ms = plan
         .targets
         .iter()
-        .map(|t| match (proxy, &envoy) {
-            (Proxy::Adaptive { .. }, Some(e)) => {
-                Some(e.filter_stat("hedge_delay_us", t.cluster) as f64 / 1000.0)
-            }
+        .map(|t| match (proxy.is_adaptive(), &envoy) {
+            (true, Some(e)) => Some(e.filter_stat("hedge_delay_us", t.cluster) as f64 / 1000.0),
             _ => None,
         })
         .collect();
@@ -299,7 +337,7 @@ fn sample_timeline(
         let stats = envoy.stats();
         let get = |k: &str| stats.get(k).copied().unwrap_or(0);
         let (extra, requests) = match proxy {
-            Proxy::Adaptive { .. } => (
+            Proxy::Adaptive { .. } | Proxy::AdaptiveFirstByte { .. } => (
                 get("wasmcustom.adaptive_hedge.hedges_sent_total.backend"),
                 get("wasmcustom.adaptive_hedge.requests_total.backend"),
             ),
@@ -339,7 +377,9 @@ fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
             envoy.stat("cluster.backend.upstream_rq_retry")
                 + envoy.stat("cluster.backend-b.upstream_rq_retry")
         }
-        Proxy::Adaptive { .. } => all("wasmcustom.adaptive_hedge.hedges_sent_total."),
+        Proxy::Adaptive { .. } | Proxy::AdaptiveFirstByte { .. } => {
+            all("wasmcustom.adaptive_hedge.hedges_sent_total.")
+        }
     }
 }
 
@@ -361,6 +401,37 @@ pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize)
             l.ms(0.5),
             l.ms(0.9),
             l.ms(0.95),
+            l.ms(0.99),
+            l.ms(0.999),
+            r.extra_load * 100.0,
+            r.hedges_sent,
+            r.learned_delay_ms
+                .get(k)
+                .copied()
+                .flatten()
+                .map_or("-".into(), |d| format!("{d:.1} ms")),
+        ));
+    }
+    out
+}
+
+/// A markdown table of streaming runs: time to first byte and to the end of
+/// the stream, for target `k`.
+pub fn streaming_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize) -> String {
+    let mut out = String::from(
+        "| configuration | first byte p50 | p90 | p99 | p999 | whole stream p50 | p90 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let Some(l) = r.latency.get(k) else { continue };
+        out.push_str(&format!(
+            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
+            r.name,
+            l.first_byte_ms(0.5),
+            l.first_byte_ms(0.9),
+            l.first_byte_ms(0.99),
+            l.first_byte_ms(0.999),
+            l.ms(0.5),
+            l.ms(0.9),
             l.ms(0.99),
             l.ms(0.999),
             r.extra_load * 100.0,
