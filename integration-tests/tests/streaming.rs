@@ -137,8 +137,15 @@ fn first_byte_race(h2: bool) {
             first_byte >= delay && first_byte < delay + 400.0,
             "first byte at {first_byte:.1} ms, delay {delay} ms"
         );
-        // the client gets the headers with the first byte, not before
+        // the client gets the headers with the first byte, not before, and
+        // Envoy's upstream service time becomes the time to first byte
         assert!(headers >= delay, "headers at {headers:.1} ms");
+        let service_ms: f64 = reply
+            .headers
+            .get("x-envoy-upstream-service-time")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(service_ms >= delay, "upstream service time {service_ms} ms");
         let counts = sim.settle(Duration::from_secs(3));
         assert_eq!(counts.arrivals, 2, "{counts:?}");
         assert_eq!(
@@ -146,6 +153,8 @@ fn first_byte_race(h2: bool) {
             "the slow first attempt: {counts:?}"
         );
     });
+    // Both attempts held (the hedge saw the marker the first attempt left on
+    // the shared request headers), one released, the loser ended held.
     let (holds, releases, held_ended) = upstream_counters(&envoy);
     assert!(
         holds >= 2 && releases >= 1 && held_ended >= 1,
