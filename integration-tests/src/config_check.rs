@@ -103,29 +103,30 @@ fn walk(
 
 /// The plugin configuration text of an instance of this module, if `value`
 /// is one: an Envoy `PluginConfig` (`configuration` beside a `vm_config`
-/// whose code is adaptive_hedge) or an Istio `WasmPlugin` spec.
+/// whose code is adaptive_hedge), an Istio `WasmPlugin` spec or an Envoy
+/// Gateway `EnvoyExtensionPolicy` wasm entry.
 fn plugin_config(value: &Value, kind: &str) -> Option<String> {
     let ours = |v: &Value| {
         serde_yaml::to_string(v)
             .is_ok_and(|t| t.contains("adaptive_hedge") || t.contains("adaptive-hedge"))
     };
-    if kind == "WasmPlugin" && value.get("url").is_some() {
+    // (kind, a key only its wasm entry has, the key of the plugin config)
+    let manifest_entry = [
+        ("WasmPlugin", "url", "pluginConfig"),
+        ("EnvoyExtensionPolicy", "code", "config"),
+    ]
+    .into_iter()
+    .find(|(k, marker, _)| *k == kind && value.get(marker).is_some());
+    if let Some((_, _, config_key)) = manifest_entry {
         if !ours(value) {
             return None;
         }
-        return Some(match value.get("pluginConfig") {
-            Some(config) => serde_json::to_string(config).unwrap_or_default(),
-            None => String::new(),
-        });
-    }
-    if kind == "EnvoyExtensionPolicy" && value.get("code").is_some() {
-        if !ours(value) {
-            return None;
-        }
-        return Some(match value.get("config") {
-            Some(config) => serde_json::to_string(config).unwrap_or_default(),
-            None => String::new(),
-        });
+        return Some(
+            value
+                .get(config_key)
+                .map(|config| serde_json::to_string(config).unwrap_or_default())
+                .unwrap_or_default(),
+        );
     }
     let code = value.get("vm_config")?;
     if !ours(code) {

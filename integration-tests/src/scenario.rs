@@ -405,11 +405,7 @@ pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize)
             l.ms(0.999),
             r.extra_load * 100.0,
             r.hedges_sent,
-            r.learned_delay_ms
-                .get(k)
-                .copied()
-                .flatten()
-                .map_or("-".into(), |d| format!("{d:.1} ms")),
+            learned_delay(r, k),
         ));
     }
     out
@@ -436,12 +432,17 @@ pub fn streaming_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usi
             l.ms(0.999),
             r.extra_load * 100.0,
             r.hedges_sent,
-            r.learned_delay_ms
-                .get(k)
-                .copied()
-                .flatten()
-                .map_or("-".into(), |d| format!("{d:.1} ms")),
+            learned_delay(r, k),
         ));
     }
     out
+}
+
+/// The learned delay of target `k` for a table cell ("-" without the filter).
+fn learned_delay(r: &Report, k: usize) -> String {
+    r.learned_delay_ms
+        .get(k)
+        .copied()
+        .flatten()
+        .map_or("-".into(), |d| format!("{d:.1} ms"))
 }
