@@ -12,7 +12,8 @@
 #                without allow_on_headers_stop_iteration
 #   make run     Envoy with the filter in front of simulated hosts, on this
 #                machine (under func-e when it is installed; RUN_WITH=envoy
-#                to run the binary directly)
+#                to run the binary directly; STREAMING=1: streaming hosts
+#                and the first-byte mode)
 #   make oci     the plugin as an OCI image (compat format) in build/oci
 #   make oci-pin write its digest into the Istio and Gateway manifests
 #   make soak    60 s at a high rate over 200 clusters, with and without the
@@ -97,9 +98,13 @@ bench: setup build
 # Under func-e when it is installed: func-e runs the Envoy binary placed in
 # its data home (build/func-e), so it needs no download.
 RUN_WITH ?= $(if $(FUNC_E),func-e,envoy)
+# STREAMING=1: streaming hosts (prompt-cache time to first byte, 20 chunks)
+# behind envoy-configs/envoy-streaming.yaml (hedging on the first byte).
+RUN_CONFIG := $(if $(STREAMING),envoy-configs/envoy-streaming.yaml,envoy-configs/envoy.yaml)
+RUN_SIM_ARGS := $(if $(STREAMING),--model streaming --stream 20:10,--model reference)
 run: build
 	cargo build --profile e2e -p integration-tests --bin sim --bin load
-	@./target/e2e/sim --listen 127.0.0.1:8081 --listen 127.0.0.1:8082 --listen 127.0.0.1:8083 --listen 127.0.0.1:8084 & sim=$$!; \
+	@./target/e2e/sim --listen 127.0.0.1:8081 --listen 127.0.0.1:8082 --listen 127.0.0.1:8083 --listen 127.0.0.1:8084 $(RUN_SIM_ARGS) & sim=$$!; \
 	trap "kill $$sim 2>/dev/null" EXIT INT TERM; \
 	echo "try: ./target/e2e/load --url http://127.0.0.1:10000/ --rounds 1; curl -s 127.0.0.1:9901/stats | grep adaptive_hedge"; \
 	if [ "$(RUN_WITH)" = func-e ]; then \
@@ -107,9 +112,9 @@ run: build
 	  ln -sf "$$(readlink -f $(ENVOY))" build/func-e/data/envoy-versions/$(ENVOY_VERSION)/bin/envoy; \
 	  FUNC_E_DATA_HOME=$(CURDIR)/build/func-e/data FUNC_E_STATE_HOME=$(CURDIR)/build/func-e/state \
 	  FUNC_E_CONFIG_HOME=$(CURDIR)/build/func-e/config ENVOY_VERSION=$(ENVOY_VERSION) \
-	    $(FUNC_E) run -c envoy-configs/envoy.yaml --concurrency 2; \
+	    $(FUNC_E) run -c $(RUN_CONFIG) --concurrency 2; \
 	else \
-	  $(ENVOY) -c envoy-configs/envoy.yaml --concurrency 2; \
+	  $(ENVOY) -c $(RUN_CONFIG) --concurrency 2; \
 	fi
 
 # The plugin image (compat variant: one layer holding plugin.wasm), written
