@@ -107,6 +107,9 @@ pub struct LoadResult {
     pub statuses: HashMap<u16, u64>,
     pub errors: u64,
     pub sent: u64,
+    /// 200s that came from an attempt in the hosts' slow mode (the
+    /// simulator's `x-sim-straggler`): the stragglers no hedge beat.
+    pub stragglers_served: u64,
     pub elapsed: Duration,
 }
 
@@ -124,6 +127,7 @@ impl LoadResult {
             statuses: HashMap::new(),
             errors: 0,
             sent: 0,
+            stragglers_served: 0,
             elapsed: Duration::ZERO,
         }
     }
@@ -134,6 +138,9 @@ impl LoadResult {
         match outcome {
             Ok(r) => {
                 *self.statuses.entry(r.status).or_default() += 1;
+                if r.status == 200 && r.headers.contains_key("x-sim-straggler") {
+                    self.stragglers_served += 1;
+                }
                 let _ = self.latency_us.record((elapsed.as_micros() as u64).max(1));
                 if let Some(first_byte) = r.first_byte_after {
                     // `elapsed` may start before the request did (open loop:
@@ -157,6 +164,7 @@ impl LoadResult {
         }
         self.errors += other.errors;
         self.sent += other.sent;
+        self.stragglers_served += other.stragglers_served;
         self.elapsed = self.elapsed.max(other.elapsed);
     }
 

@@ -16,6 +16,8 @@
 //!   A host started with a default stream (`Simulator::set_stream`, the
 //!   `sim` binary's `--stream`) streams every request that does not say
 //!   (`x-sim-stream: off`: a plain response) and is not a HEAD.
+//! - A response whose latency came from the model's slow mode (a straggler,
+//!   a cache miss) carries `x-sim-straggler: 1` (plain responses).
 //! - Every response echoes the first-byte marker the request carried, if
 //!   any, as `x-sim-marker` (what the filter sent upstream).
 //! - `x-sim-body: empty`: a `200` with `content-length: 0` after the delay.
@@ -155,8 +157,14 @@ impl Latency {
     }
 
     pub fn sample(&self, rng: &mut impl Rng) -> Duration {
+        self.sample_kind(rng).0
+    }
+
+    /// A latency, and whether it came from the slow mode (a straggler, a
+    /// cache miss).
+    pub fn sample_kind(&self, rng: &mut impl Rng) -> (Duration, bool) {
         match *self {
-            Latency::Fixed(d) => d,
+            Latency::Fixed(d) => (d, false),
             Latency::LogNormal {
                 mean_ms,
                 sd_ms,
@@ -164,12 +172,9 @@ impl Latency {
                 straggler_mult,
             } => {
                 let base = lognormal_ms(mean_ms, sd_ms, rng);
-                let ms = if rng.gen::<f64>() < straggler_prob {
-                    base * straggler_mult
-                } else {
-                    base
-                };
-                Duration::from_secs_f64(ms / 1000.0)
+                let slow = rng.gen::<f64>() < straggler_prob;
+                let ms = if slow { base * straggler_mult } else { base };
+                (Duration::from_secs_f64(ms / 1000.0), slow)
             }
             Latency::Cache {
                 hit_mean_ms,
@@ -178,12 +183,13 @@ impl Latency {
                 miss_mean_ms,
                 miss_sd_ms,
             } => {
-                let ms = if rng.gen::<f64>() < miss_prob {
+                let slow = rng.gen::<f64>() < miss_prob;
+                let ms = if slow {
                     lognormal_ms(miss_mean_ms, miss_sd_ms, rng)
                 } else {
                     lognormal_ms(hit_mean_ms, hit_sd_ms, rng)
                 };
-                Duration::from_secs_f64(ms / 1000.0)
+                (Duration::from_secs_f64(ms / 1000.0), slow)
             }
         }
     }
@@ -489,16 +495,16 @@ async fn handle(
         }
         None => 1,
     };
-    let delay = match (
+    let (delay, straggler) = match (
         attempt,
         header_ms(&req, "x-sim-first-delay-ms"),
         header_ms(&req, "x-sim-delay-ms"),
     ) {
-        (1, Some(first), _) => Duration::from_millis(first),
-        (_, _, Some(ms)) => Duration::from_millis(ms),
+        (1, Some(first), _) => (Duration::from_millis(first), false),
+        (_, _, Some(ms)) => (Duration::from_millis(ms), false),
         _ => {
             let model = host.model.lock().unwrap().clone();
-            model.sample(&mut rand::thread_rng())
+            model.sample_kind(&mut rand::thread_rng())
         }
     };
     // Envoy tells the upstream its timeout: with a per-try timeout armed, that
@@ -556,6 +562,9 @@ async fn handle(
     let mut response = Response::builder();
     if let Some(t) = expected_timeout {
         response = response.header("x-sim-expected-timeout-ms", t);
+    }
+    if straggler {
+        response = response.header("x-sim-straggler", "1");
     }
     let response = response
         .status(u16::try_from(status).unwrap_or(200))
