@@ -95,11 +95,10 @@ fn assert_full_stream(reply: &Reply, attempt: &str) {
     );
 }
 
-/// A streamed request whose first attempt's first byte is 1 s late is
-/// answered by the hedge near the learned delay, with the hedge's whole
-/// body; the loser is cancelled. The same request without the upstream role
-/// (headers mode, as Envoy alone would do it) waits the full second.
-fn first_byte_race(h2: bool) {
+/// Streaming hosts and Envoy running both roles (`h2`: h2c to the hosts),
+/// after 200 warm-up requests: the filter has learned the time to first
+/// byte and arms every GET.
+fn warmed_up(h2: bool) -> (Simulator, Envoy, load::Client, tokio::runtime::Runtime) {
     let sim = streaming_sim();
     let mut options = streaming_envoy(&sim, "");
     if h2 {
@@ -108,8 +107,17 @@ fn first_byte_race(h2: bool) {
     let envoy = Envoy::start(options).unwrap();
     let client = load::client();
     let rt = runtime();
+    rt.block_on(common::warm_up(&client, &envoy, "/", 200, 4));
+    (sim, envoy, client, rt)
+}
+
+/// A streamed request whose first attempt's first byte is 1 s late is
+/// answered by the hedge near the learned delay, with the hedge's whole
+/// body; the loser is cancelled. The same request without the upstream role
+/// (headers mode, as Envoy alone would do it) waits the full second.
+fn first_byte_race(h2: bool) {
+    let (sim, envoy, client, rt) = warmed_up(h2);
     rt.block_on(async {
-        common::warm_up(&client, &envoy, "/", 200, 4).await;
         let delay = common::learned_delay_ms(&envoy, "backend");
         assert!(
             (15.0..=120.0).contains(&delay),
@@ -204,11 +212,8 @@ fn hedge_wins_on_first_byte_over_h2c() {
 /// made by a per-try timeout, and the stream is whole.
 #[test]
 fn both_attempts_slower_than_the_delay_still_end_in_a_200() {
-    let sim = streaming_sim();
-    let envoy = Envoy::start(streaming_envoy(&sim, "")).unwrap();
-    let client = load::client();
-    runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 200, 4).await;
+    let (sim, envoy, client, rt) = warmed_up(false);
+    rt.block_on(async {
         let delay = common::learned_delay_ms(&envoy, "backend");
         for _ in 0..5 {
             sim.reset_counts();
@@ -248,15 +253,8 @@ fn both_attempts_slower_than_the_delay_still_end_in_a_200() {
 /// WebSocket upgrade, on armed requests. A held one would hang until the
 /// route timeout (60 s), so "fast" here means "not held".
 fn pass_through(h2: bool) {
-    let sim = streaming_sim();
-    let mut options = streaming_envoy(&sim, "");
-    if h2 {
-        options = h2c(options);
-    }
-    let envoy = Envoy::start(options).unwrap();
-    let client = load::client();
-    runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 200, 4).await;
+    let (_sim, envoy, client, rt) = warmed_up(h2);
+    rt.block_on(async {
         let cases: [Case; 7] = [
             (
                 "GET",
