@@ -388,52 +388,73 @@ pub fn table<'a>(reports: impl IntoIterator<Item = &'a Report>) -> String {
     target_table(reports, 0)
 }
 
+/// A latency column of a table: its heading and its value (ms).
+type Column = (&'static str, fn(&LoadResult) -> f64);
+
 /// A markdown table of reports, for target `k` of their plan.
 pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize) -> String {
-    let mut out = String::from(
-        "| configuration | p50 | p90 | p95 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in reports {
-        let Some(l) = r.latency.get(k) else { continue };
-        out.push_str(&format!(
-            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
-            r.name,
-            l.ms(0.5),
-            l.ms(0.9),
-            l.ms(0.95),
-            l.ms(0.99),
-            l.ms(0.999),
-            r.extra_load * 100.0,
-            r.hedges_sent,
-            learned_delay(r, k),
-        ));
-    }
-    out
+    latency_table(
+        reports,
+        k,
+        &[
+            ("p50", |l| l.ms(0.5)),
+            ("p90", |l| l.ms(0.9)),
+            ("p95", |l| l.ms(0.95)),
+            ("p99", |l| l.ms(0.99)),
+            ("p999", |l| l.ms(0.999)),
+        ],
+    )
 }
 
 /// A markdown table of streaming runs: time to first byte and to the end of
 /// the stream, for target `k`.
 pub fn streaming_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize) -> String {
-    let mut out = String::from(
-        "| configuration | first byte p50 | p90 | p99 | p999 | whole stream p50 | p90 | p99 | p999 | extra load | hedges sent | learned delay |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    latency_table(
+        reports,
+        k,
+        &[
+            ("first byte p50", |l| l.first_byte_ms(0.5)),
+            ("p90", |l| l.first_byte_ms(0.9)),
+            ("p99", |l| l.first_byte_ms(0.99)),
+            ("p999", |l| l.first_byte_ms(0.999)),
+            ("whole stream p50", |l| l.ms(0.5)),
+            ("p90", |l| l.ms(0.9)),
+            ("p99", |l| l.ms(0.99)),
+            ("p999", |l| l.ms(0.999)),
+        ],
+    )
+}
+
+/// Configuration, the latency `columns`, extra load, hedges sent, learned delay.
+fn latency_table<'a>(
+    reports: impl IntoIterator<Item = &'a Report>,
+    k: usize,
+    columns: &[Column],
+) -> String {
+    let headings: Vec<&str> = std::iter::once("configuration")
+        .chain(columns.iter().map(|(h, _)| *h))
+        .chain(["extra load", "hedges sent", "learned delay"])
+        .collect();
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        headings.join(" | "),
+        "---|".repeat(headings.len())
     );
     for r in reports {
         let Some(l) = r.latency.get(k) else { continue };
-        out.push_str(&format!(
-            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} | {} |\n",
-            r.name,
-            l.first_byte_ms(0.5),
-            l.first_byte_ms(0.9),
-            l.first_byte_ms(0.99),
-            l.first_byte_ms(0.999),
-            l.ms(0.5),
-            l.ms(0.9),
-            l.ms(0.99),
-            l.ms(0.999),
-            r.extra_load * 100.0,
-            r.hedges_sent,
-            learned_delay(r, k),
-        ));
+        let cells: Vec<String> = std::iter::once(r.name.clone())
+            .chain(
+                columns
+                    .iter()
+                    .map(|(_, value)| format!("{:.1} ms", value(l))),
+            )
+            .chain([
+                format!("{:.1}%", r.extra_load * 100.0),
+                r.hedges_sent.to_string(),
+                learned_delay(r, k),
+            ])
+            .collect();
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     out
 }

@@ -612,13 +612,19 @@ fn func_e_runs_envoy_with_the_filter() {
 /// passes the config check and `envoy --mode validate` with the real wasm.
 #[test]
 fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
+    // the downstream role, in first-byte mode, through each platform's API
+    for (manifest, kind, config) in [
+        (MANIFESTS[2], "WasmPlugin", "spec.pluginConfig"),
+        (MANIFESTS[3], "EnvoyExtensionPolicy", "spec.wasm.0.config"),
+    ] {
+        let docs = yaml_docs(manifest);
+        let config = check_plugin_config(manifest, get(of_kind(&docs, kind)[0], config));
+        assert_eq!(
+            config.latency_signal,
+            adaptive_hedge::policy::config::LatencySignal::FirstByte
+        );
+    }
     let istio = yaml_docs(MANIFESTS[2]);
-    let plugin = of_kind(&istio, "WasmPlugin")[0];
-    let config = check_plugin_config(MANIFESTS[2], get(plugin, "spec.pluginConfig"));
-    assert_eq!(
-        config.latency_signal,
-        adaptive_hedge::policy::config::LatencySignal::FirstByte
-    );
     let filter = of_kind(&istio, "EnvoyFilter")[0];
     assert_eq!(str_at(filter, "spec.configPatches.0.applyTo"), "CLUSTER");
     assert_eq!(
@@ -632,12 +638,6 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
     .clone();
 
     let gateway = yaml_docs(MANIFESTS[3]);
-    let policy = of_kind(&gateway, "EnvoyExtensionPolicy")[0];
-    let config = check_plugin_config(MANIFESTS[3], get(policy, "spec.wasm.0.config"));
-    assert_eq!(
-        config.latency_signal,
-        adaptive_hedge::policy::config::LatencySignal::FirstByte
-    );
     let patch = of_kind(&gateway, "EnvoyPatchPolicy")[0];
     assert_eq!(str_at(patch, "spec.type"), "JSONPatch");
     assert_eq!(

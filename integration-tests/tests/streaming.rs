@@ -111,6 +111,18 @@ fn warmed_up(h2: bool) -> (Simulator, Envoy, load::Client, tokio::runtime::Runti
     (sim, envoy, client, rt)
 }
 
+/// A streamed request whose first attempt sends its first byte 1 s late.
+async fn first_attempt_a_second_late(client: &load::Client, envoy: &Envoy) -> Reply {
+    request(
+        client,
+        "GET",
+        &envoy.url("/v1/completions"),
+        &[("x-sim-first-delay-ms", "1000")],
+    )
+    .await
+    .unwrap()
+}
+
 /// A streamed request whose first attempt's first byte is 1 s late is
 /// answered by the hedge near the learned delay, with the hedge's whole
 /// body; the loser is cancelled. The same request without the upstream role
@@ -125,14 +137,7 @@ fn first_byte_race(h2: bool) {
             envoy.filter_stats("backend")
         );
         sim.reset_counts();
-        let reply = request(
-            &client,
-            "GET",
-            &envoy.url("/v1/completions"),
-            &[("x-sim-first-delay-ms", "1000")],
-        )
-        .await
-        .unwrap();
+        let reply = first_attempt_a_second_late(&client, &envoy).await;
         assert_eq!(
             reply.headers.get("x-sim-attempt").map(String::as_str),
             Some("2"),
@@ -181,14 +186,7 @@ fn first_byte_race(h2: bool) {
     rt.block_on(async {
         common::warm_up(&client, &plain, "/", 200, 4).await;
         sim.reset_counts();
-        let reply = request(
-            &client,
-            "GET",
-            &plain.url("/v1/completions"),
-            &[("x-sim-first-delay-ms", "1000")],
-        )
-        .await
-        .unwrap();
+        let reply = first_attempt_a_second_late(&client, &plain).await;
         assert_full_stream(&reply, "1");
         let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
         assert!(first_byte >= 950.0, "first byte at {first_byte:.1} ms");

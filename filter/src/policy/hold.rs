@@ -14,7 +14,7 @@
 //! whether hedging is armed). The marker stays on the request: the header
 //! map is shared by every attempt, and a later attempt must still see it.
 
-use super::worker::{Level, Logger, MetricKind, MetricsSink};
+use super::worker::{define_all, Level, Logger, MetricsSink};
 
 /// Request header the downstream role sets on the requests it arms when
 /// `latency_signal` is `first_byte`; removed from anything a client sends.
@@ -110,14 +110,7 @@ impl HoldStats {
 
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
         if self.metric_ids.is_none() {
-            let mut ids = [0u32; 3];
-            for (slot, name) in ids.iter_mut().zip(HOLD_COUNTERS) {
-                match sink.define(&format!("adaptive_hedge.{name}"), MetricKind::Counter) {
-                    Some(id) => *slot = id,
-                    None => return, // retried next tick
-                }
-            }
-            self.metric_ids = Some(ids);
+            self.metric_ids = define_all(sink, &HOLD_COUNTERS, &[], None);
         }
         let Some(ids) = self.metric_ids else { return };
         for (id, n) in ids.iter().zip(self.counts.iter_mut()) {
@@ -131,6 +124,7 @@ impl HoldStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::worker::MetricKind;
 
     #[test]
     fn holds_only_marked_2xx_with_a_body_to_come() {

@@ -536,8 +536,9 @@ impl Worker {
     }
 }
 
-/// Defines counters then gauges; `None` if any definition fails (retried next tick).
-fn define_all<const N: usize>(
+/// Defines counters then gauges (`adaptive_hedge.<name>[.<cluster>]`);
+/// `None` if any definition fails (retried next tick).
+pub(super) fn define_all<const N: usize>(
     sink: &mut dyn MetricsSink,
     counters: &[&str],
     gauges: &[&str],

@@ -170,7 +170,7 @@ impl Context for HedgeHttp {}
 
 impl HttpContext for HedgeHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if !self.placement.downstream_role_in_place() {
+        if !self.placement.in_place() {
             return Action::Continue;
         }
         // The method and whether any control header is present, from one

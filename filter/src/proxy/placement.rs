@@ -34,15 +34,9 @@ impl Placement {
         }
     }
 
-    pub fn upstream_role_in_place(&self) -> bool {
-        self.role == Role::Upstream && self.in_place()
-    }
-
-    pub fn downstream_role_in_place(&self) -> bool {
-        self.role == Role::Downstream && self.in_place()
-    }
-
-    fn in_place(&self) -> bool {
+    /// Whether this VM's role runs in its own chain (one host call, on the
+    /// first request only).
+    pub fn in_place(&self) -> bool {
         match self.state.get() {
             State::Right => true,
             State::Wrong => false,

@@ -53,7 +53,7 @@ impl Context for HoldHttp {
 
 impl HttpContext for HoldHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if !self.placement.upstream_role_in_place() {
+        if !self.placement.in_place() {
             return Action::Continue;
         }
         // Left on the request: the header map is shared by every attempt,

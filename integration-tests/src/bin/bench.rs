@@ -256,24 +256,7 @@ fn main() {
             continue;
         }
         println!("scenario: {name}");
-        let mut reports = Vec::new();
-        for proxy in proxies(&s) {
-            println!(" {}", proxy.name());
-            match scenario::run(&proxy, &plan, &progress) {
-                Ok(mut r) => {
-                    if let (true, Some(e)) = (proxy.is_adaptive(), r.envoy.take()) {
-                        e.assert_no_vm_failure();
-                    }
-                    r.envoy = None;
-                    json_runs.push(report_json(name, &plan, &r));
-                    reports.push(r);
-                }
-                Err(e) => {
-                    eprintln!("  failed: {e}");
-                    std::process::exit(1);
-                }
-            }
-        }
+        let reports = run_all(name, &plan, proxies(&s), &progress, &mut json_runs);
         for (k, target) in plan.targets.iter().enumerate() {
             let title = if plan.targets.len() > 1 {
                 format!("{name}: {}", target.cluster)
@@ -395,36 +378,54 @@ fn streaming_section(
     // With 20% slow misses the default p92 trigger lands among the misses:
     // cutting them takes a budget above their share, and a lower quantile.
     const TUNED: &str = r#"{"percentile": 0.75, "budget_percent": 30}"#;
-    let mut proxies = vec![
-        Proxy::Baseline,
-        Proxy::StaticHedge { delay_ms: 50 },
-        Proxy::adaptive_defaults(),
-        Proxy::AdaptiveFirstByte {
-            plugin_config: "{}".into(),
-        },
-        Proxy::AdaptiveFirstByte {
-            plugin_config: TUNED.into(),
-        },
-    ];
-    if s.quick {
-        // a smoke run: one row per code path (CI time)
-        proxies.retain(|p| {
-            !matches!(p, Proxy::StaticHedge { .. })
-                && p != &Proxy::AdaptiveFirstByte {
-                    plugin_config: "{}".into(),
-                }
-        });
-    }
+    // (configuration, also in a quick run: one row per code path, for CI time)
+    let proxies = [
+        (Proxy::Baseline, true),
+        (Proxy::StaticHedge { delay_ms: 50 }, false),
+        (Proxy::adaptive_defaults(), true),
+        (
+            Proxy::AdaptiveFirstByte {
+                plugin_config: "{}".into(),
+            },
+            false,
+        ),
+        (
+            Proxy::AdaptiveFirstByte {
+                plugin_config: TUNED.into(),
+            },
+            true,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, in_quick)| !s.quick || *in_quick)
+    .map(|(proxy, _)| proxy);
+    let reports = run_all("streaming", &plan, proxies, progress, json_runs);
+    format!(
+        "### streaming (first byte)\n\nEvery response streams: headers at once, the first chunk after a time to first byte drawn from a prompt cache (hits lognormal 15 ms sd 3 ms; 20% misses lognormal 200 ms sd 25 ms), then 19 more chunks 10 ms apart. Open loop at {rate} req/s, {requests} requests. \"first byte\" is the time to the first body byte at the client; \"whole stream\" the time to its end. Envoy's router commits to the first attempt whose headers arrive, so neither Envoy's static hedging nor adaptive-hedge on headers can race a stream: the static per-try timeout never fires before the headers; adaptive on headers learns the header time (about 1 ms) and the hedges it starts are cancelled when the first attempt's headers arrive, load with no gain. The first-byte mode (both roles, `envoy-configs/envoy-streaming.yaml`) races attempts on the first byte. The tuned row is `{TUNED}`: with 20% slow misses the default trigger (p92) sits among the misses, so the defaults only cut the slowest misses.\n\n{}\n",
+        scenario::streaming_table(&reports, 0)
+    )
+}
+
+/// Runs `plan` through each configuration, each with its own Envoy and
+/// hosts; a failed run stops the bench, and a VM failure of the filter fails
+/// it too.
+fn run_all(
+    scenario_name: &str,
+    plan: &Plan,
+    proxies: impl IntoIterator<Item = Proxy>,
+    progress: &(dyn Fn(&str) + Sync),
+    json_runs: &mut Vec<Value>,
+) -> Vec<Report> {
     let mut reports = Vec::new();
     for proxy in proxies {
         println!(" {}", proxy.name());
-        match scenario::run(&proxy, &plan, progress) {
+        match scenario::run(&proxy, plan, progress) {
             Ok(mut r) => {
                 if let (true, Some(e)) = (proxy.is_adaptive(), r.envoy.take()) {
                     e.assert_no_vm_failure();
                 }
                 r.envoy = None;
-                json_runs.push(report_json("streaming", &plan, &r));
+                json_runs.push(report_json(scenario_name, plan, &r));
                 reports.push(r);
             }
             Err(e) => {
@@ -433,10 +434,7 @@ fn streaming_section(
             }
         }
     }
-    format!(
-        "### streaming (first byte)\n\nEvery response streams: headers at once, the first chunk after a time to first byte drawn from a prompt cache (hits lognormal 15 ms sd 3 ms; 20% misses lognormal 200 ms sd 25 ms), then 19 more chunks 10 ms apart. Open loop at {rate} req/s, {requests} requests. \"first byte\" is the time to the first body byte at the client; \"whole stream\" the time to its end. Envoy's router commits to the first attempt whose headers arrive, so neither Envoy's static hedging nor adaptive-hedge on headers can race a stream: the static per-try timeout never fires before the headers; adaptive on headers learns the header time (about 1 ms) and the hedges it starts are cancelled when the first attempt's headers arrive, load with no gain. The first-byte mode (both roles, `envoy-configs/envoy-streaming.yaml`) races attempts on the first byte. The tuned row is `{TUNED}`: with 20% slow misses the default trigger (p92) sits among the misses, so the defaults only cut the slowest misses.\n\n{}\n",
-        scenario::streaming_table(&reports, 0)
-    )
+    reports
 }
 
 /// The reference workload in its closed-loop form (20 callers, 50,000
