@@ -257,9 +257,20 @@ pub enum StoreError {
 pub trait SharedStore {
     /// The value and its CAS token, or `None` if the key was never written.
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError>;
-    /// Writes if `cas` still matches (0: unconditional).
+    /// Writes if `cas` still matches the key's token (0: unconditional). A
+    /// missing key is created whatever `cas` is (Envoy's host compares a
+    /// token only with an existing key's).
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
+
+/// The token to write a key with after `get` found it missing: the write
+/// creates the key, or fails with a CAS mismatch if another worker created
+/// it in between (then read and merge again). Why not 0: two workers that
+/// both found the key missing would both write unconditionally, and the
+/// second would erase the first one's samples, requests and tokens. Envoy
+/// hands out tokens from one counter, so an existing key holds this one for
+/// at most one write in 2^32, and only then could the two writes collide.
+pub const CREATE_ONLY: u32 = u32::MAX;
 
 pub mod memory {
     //! An in-process [`SharedStore`] with Envoy's CAS semantics, for tests and
@@ -286,11 +297,11 @@ pub mod memory {
                 return Err(StoreError::CasMismatch);
             }
             let mut values = self.values.borrow_mut();
-            let current = values.get(key).map(|(_, c)| *c).unwrap_or(0);
-            if cas != 0 && cas != current {
+            let current = values.get(key).map(|(_, c)| *c);
+            if current.is_some_and(|c| cas != 0 && cas != c) {
                 return Err(StoreError::CasMismatch);
             }
-            values.insert(key.to_string(), (value.to_vec(), current + 1));
+            values.insert(key.to_string(), (value.to_vec(), current.unwrap_or(0) + 1));
             Ok(())
         }
     }

@@ -11,7 +11,8 @@ use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
 use super::decision::{budget_terms, decide, hedge_delay, Decision, HedgeDelay, Skip};
 use super::shared_state::{
-    cluster_key, Registry, SharedCluster, SharedStore, StoreError, MAX_CLUSTER_NAME, REGISTRY_KEY,
+    cluster_key, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY, MAX_CLUSTER_NAME,
+    REGISTRY_KEY,
 };
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
@@ -332,7 +333,7 @@ impl Worker {
                         (Registry::default(), cas)
                     }
                 },
-                Ok(None) => (Registry::default(), 0),
+                Ok(None) => (Registry::default(), CREATE_ONLY),
                 Err(e) => {
                     self.host_error(log, "get_shared_data(registry)", e);
                     return;
@@ -424,7 +425,7 @@ impl Worker {
                         (SharedCluster::new(geometry), cas)
                     }
                 },
-                Ok(None) => (SharedCluster::new(geometry), 0),
+                Ok(None) => (SharedCluster::new(geometry), CREATE_ONLY),
                 Err(e) => {
                     self.host_error(log, "get_shared_data(cluster)", e);
                     return;
@@ -440,7 +441,7 @@ impl Worker {
             // Write only if something changed (or the key is new). An
             // unchanged value means nothing local was pending: samples,
             // requests and sent hedges each change it.
-            if shared != before || cas == 0 {
+            if shared != before || cas == CREATE_ONLY {
                 let encoded = shared.encode();
                 shared_bytes = encoded.len();
                 match store.set(&key, &encoded, cas) {
@@ -692,6 +693,71 @@ mod tests {
         *store.conflicts.borrow_mut() = 0;
         w.sync(T0 + 400, &store, &mut log);
         assert_eq!(w.cluster(0).unwrap().window_samples, 100);
+    }
+
+    /// A store in which another worker's tick runs between this worker's
+    /// read of `key` and its write: two workers' first ticks, interleaved.
+    struct Interleaved<'a> {
+        inner: &'a MemoryStore,
+        key: String,
+        racer: std::cell::RefCell<Option<Racer<'a>>>,
+    }
+    type Racer<'a> = Box<dyn FnOnce(&MemoryStore) + 'a>;
+    impl SharedStore for Interleaved<'_> {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if key == self.key {
+                if let Some(racer) = self.racer.borrow_mut().take() {
+                    racer(self.inner);
+                }
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    /// Worker `a` finds `key` missing, then `b` creates it before `a`
+    /// writes. Nothing either wrote may be lost (a write with CAS 0 would
+    /// erase `b`'s samples and requests, or its cluster's registration).
+    fn first_ticks_interleaved(key: &str, b_cluster: &str) -> MemoryStore {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"min_samples": 50}"#);
+        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        traffic(&mut a, "c", 30, 2000);
+        traffic(&mut b, b_cluster, 30, 2000);
+        let interleaved = Interleaved {
+            inner: &store,
+            key: key.to_string(),
+            racer: std::cell::RefCell::new(Some(Box::new(|inner: &MemoryStore| {
+                b.sync(T0, inner, &mut Lines::default())
+            }))),
+        };
+        a.sync(T0, &interleaved, &mut log);
+        assert!(interleaved.racer.borrow().is_none(), "b never ran");
+        drop(interleaved);
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        store
+    }
+
+    #[test]
+    fn workers_creating_a_cluster_key_at_once_lose_no_samples() {
+        let store = first_ticks_interleaved(&cluster_key("c"), "c");
+        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let geometry = WindowGeometry::new(Duration::from_secs(30));
+        let shared = SharedCluster::decode(&bytes, geometry).unwrap();
+        assert_eq!(shared.requests_total, 60);
+        assert_eq!(shared.window.snapshot(T0).count(), 60);
+    }
+
+    #[test]
+    fn workers_creating_the_registry_at_once_lose_no_cluster() {
+        let store = first_ticks_interleaved(REGISTRY_KEY, "d");
+        let (bytes, _) = store.get(REGISTRY_KEY).unwrap().unwrap();
+        let mut names = Registry::decode(&bytes).unwrap().names;
+        names.sort();
+        assert_eq!(names, ["c", "d"]);
     }
 
     #[test]
