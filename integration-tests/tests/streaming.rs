@@ -31,8 +31,15 @@ fn downstream(extra: &str) -> String {
 }
 
 /// The same, learning from (and hedging on) the response headers instead.
+/// Headers mode, with a delay floor far above the ~1 ms header time and far
+/// below the 1 s first byte: every GET is armed, but its per-try timer is
+/// stopped by the first attempt's headers. (At the learned ~1 ms a hedge
+/// could go out before the headers on a busy box and even win the header
+/// race; one run in three did that here.)
 fn downstream_on_headers() -> String {
-    plugin_value(r#"{"min_samples": 50, "budget_percent": 50, "debug_header": true}"#)
+    plugin_value(
+        r#"{"min_samples": 50, "budget_percent": 50, "min_delay": "100ms", "debug_header": true}"#,
+    )
 }
 
 fn plugin_value(json: &str) -> String {
@@ -93,6 +100,33 @@ fn assert_full_stream(reply: &Reply, attempt: &str) {
         "two attempts mixed in one body: {:?}",
         reply.body
     );
+}
+
+/// Sends requests (`send`) until one comes back armed, at most 20, 300 ms
+/// apart, and returns it. A worker arms a cluster only from the tick after
+/// its own first request for it (it tracks the clusters it has seen), and
+/// the warm-up's connections may all have landed on the other worker. The
+/// unarmed replies must say `warming_up` and carry attempt 1's whole stream.
+async fn until_armed<F, Fut>(envoy: &Envoy, mut send: F) -> Reply
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Reply>,
+{
+    for _ in 0..20 {
+        let reply = send().await;
+        let decision = reply.headers.get("x-adaptive-hedge").cloned();
+        if decision.as_deref().is_some_and(|d| d.starts_with("armed")) {
+            return reply;
+        }
+        assert_eq!(
+            decision.as_deref(),
+            Some("skipped; reason=warming_up"),
+            "{reply:?}"
+        );
+        assert_full_stream(&reply, "1");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("never armed: {}", envoy.filter_stats("backend"))
 }
 
 /// Streaming hosts and Envoy running both roles (`h2`: h2c to the hosts),
@@ -177,16 +211,27 @@ fn first_byte_race(h2: bool) {
     envoy.assert_no_vm_failure();
     drop(envoy);
 
-    // Control: headers mode (no marker, so nothing is held). The router
-    // commits to the first attempt's immediate 200 and the hedge never fires.
+    // Control: headers mode (no marker, so nothing is held). The request is
+    // armed with a 100 ms delay, yet the router commits to the first
+    // attempt's immediate 200 and the hedge never fires.
     let plain = Envoy::start(
         EnvoyOptions::new(CONFIG, sim.ports()).edit(SHIPPED_DOWNSTREAM, &downstream_on_headers()),
     )
     .unwrap();
     rt.block_on(async {
         common::warm_up(&client, &plain, "/", 200, 4).await;
-        sim.reset_counts();
-        let reply = first_attempt_a_second_late(&client, &plain).await;
+        let reply = until_armed(&plain, || {
+            sim.reset_counts();
+            first_attempt_a_second_late(&client, &plain)
+        })
+        .await;
+        assert!(
+            reply
+                .headers
+                .get("x-adaptive-hedge")
+                .is_some_and(|d| d.starts_with("armed; delay_ms=100")),
+            "{reply:?}"
+        );
         assert_full_stream(&reply, "1");
         let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
         assert!(first_byte >= 950.0, "first byte at {first_byte:.1} ms");
@@ -535,33 +580,12 @@ fn without_allow_on_headers_stop_iteration_the_hang_is_named_in_the_log() {
         let warm =
             load::closed_loop(&client, &envoy.url("/"), 4, 60, Duration::from_secs(10)).await;
         assert!(warm.ok() >= 50, "{}", warm.summary());
-        // Each worker learns on its own tick; the one that takes the next
-        // request may still be a tick behind, so ask until one is armed.
-        let mut armed = None;
-        for _ in 0..20 {
-            let reply = request(&client, "GET", &envoy.url("/v1/completions"), &[])
+        let reply = until_armed(&envoy, || async {
+            request(&client, "GET", &envoy.url("/v1/completions"), &[])
                 .await
-                .unwrap();
-            let decision = reply.headers.get("x-adaptive-hedge").cloned();
-            if decision.as_deref().is_some_and(|d| d.starts_with("armed")) {
-                armed = Some(reply);
-                break;
-            }
-            assert_eq!(
-                decision.as_deref(),
-                Some("skipped; reason=warming_up"),
-                "{reply:?}"
-            );
-            assert_full_stream(&reply, "1");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let reply = armed.unwrap_or_else(|| {
-            panic!(
-                "never armed after {}: {}",
-                warm.summary(),
-                envoy.filter_stats("backend")
-            )
-        });
+                .unwrap()
+        })
+        .await;
         assert_eq!(reply.status, 504, "held until the route timeout: {reply:?}");
     });
     let deadline = Instant::now() + Duration::from_secs(10);
