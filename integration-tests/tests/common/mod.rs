@@ -27,7 +27,8 @@ pub async fn warm_up(client: &Client, envoy: &Envoy, path: &str, n: u64, callers
     tokio::time::sleep(Duration::from_millis(600)).await;
 }
 
-const PRIMING_CONNECTIONS: usize = 32;
+/// The requests `warm_up` adds to its `n`, one per new connection.
+pub const PRIMING_CONNECTIONS: usize = 32;
 
 /// The learned delay of a cluster in milliseconds (from the gauge).
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
