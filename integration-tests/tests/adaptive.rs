@@ -195,13 +195,7 @@ fn two_workers_learn_together() {
         // two connections: exact_balance puts them on the two workers
         let mut a = load::Connection::open(envoy.listener_port).await.unwrap();
         let mut b = load::Connection::open(envoy.listener_port).await.unwrap();
-        // debug_header: "armed; delay_ms=7; hedges=1" or "skipped; reason=..."
-        let decision = |r: load::Reply| {
-            r.headers
-                .get("x-adaptive-hedge")
-                .cloned()
-                .unwrap_or_default()
-        };
+        let decision = |r: load::Reply| common::decision(&r).to_string();
         for _ in 0..60 {
             a.get("/", &[]).await.unwrap();
         }

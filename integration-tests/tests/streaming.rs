@@ -30,12 +30,12 @@ fn downstream(extra: &str) -> String {
     ))
 }
 
-/// The same, learning from (and hedging on) the response headers instead.
-/// Headers mode, with a delay floor far above the ~1 ms header time and far
-/// below the 1 s first byte: every GET is armed, but its per-try timer is
-/// stopped by the first attempt's headers. (At the learned ~1 ms a hedge
-/// could go out before the headers on a busy box and even win the header
-/// race; one run in three did that here.)
+/// The same, learning from (and hedging on) the response headers instead,
+/// with a delay floor far above the ~1 ms header time and far below the 1 s
+/// first byte: every GET is armed, but its per-try timer is stopped by the
+/// first attempt's headers. (At the learned ~1 ms a hedge could go out
+/// before the headers on a busy box and even win the header race; one run
+/// in three did that here.)
 fn downstream_on_headers() -> String {
     plugin_value(
         r#"{"min_samples": 50, "budget_percent": 50, "min_delay": "100ms", "debug_header": true}"#,
@@ -103,10 +103,9 @@ fn assert_full_stream(reply: &Reply, attempt: &str) {
 }
 
 /// Sends requests (`send`) until one comes back armed, at most 20, 300 ms
-/// apart, and returns it. A worker arms a cluster only from the tick after
-/// its own first request for it (it tracks the clusters it has seen), and
-/// the warm-up's connections may all have landed on the other worker. The
-/// unarmed replies must say `warming_up` and carry attempt 1's whole stream.
+/// apart, and returns it (a worker new to the cluster arms it from its next
+/// tick: see `common::warm_up`). The unarmed replies must say `warming_up`
+/// and carry attempt 1's whole stream.
 async fn until_armed<F, Fut>(envoy: &Envoy, mut send: F) -> Reply
 where
     F: FnMut() -> Fut,
@@ -114,13 +113,12 @@ where
 {
     for _ in 0..20 {
         let reply = send().await;
-        let decision = reply.headers.get("x-adaptive-hedge").cloned();
-        if decision.as_deref().is_some_and(|d| d.starts_with("armed")) {
+        if common::decision(&reply).starts_with("armed") {
             return reply;
         }
         assert_eq!(
-            decision.as_deref(),
-            Some("skipped; reason=warming_up"),
+            common::decision(&reply),
+            "skipped; reason=warming_up",
             "{reply:?}"
         );
         assert_full_stream(&reply, "1");
@@ -226,10 +224,7 @@ fn first_byte_race(h2: bool) {
         })
         .await;
         assert!(
-            reply
-                .headers
-                .get("x-adaptive-hedge")
-                .is_some_and(|d| d.starts_with("armed; delay_ms=100")),
+            common::decision(&reply).starts_with("armed; delay_ms=100"),
             "{reply:?}"
         );
         assert_full_stream(&reply, "1");
@@ -274,13 +269,7 @@ fn both_attempts_slower_than_the_delay_still_end_in_a_200() {
                 .cloned()
                 .unwrap_or_default();
             assert_full_stream(&reply, &attempt);
-            assert!(
-                reply
-                    .headers
-                    .get("x-adaptive-hedge")
-                    .is_some_and(|d| d.starts_with("armed")),
-                "{reply:?}"
-            );
+            assert!(common::decision(&reply).starts_with("armed"), "{reply:?}");
             let first_byte = reply.first_byte_after.unwrap().as_secs_f64() * 1000.0;
             assert!(first_byte >= 400.0, "first byte at {first_byte:.1} ms");
             // the hedge went out at the delay, well before either first byte
@@ -357,10 +346,7 @@ fn pass_through(h2: bool) {
             );
             if status != 503 {
                 assert!(
-                    reply
-                        .headers
-                        .get("x-adaptive-hedge")
-                        .is_some_and(|d| d.starts_with("armed")),
+                    common::decision(&reply).starts_with("armed"),
                     "{method} {headers:?} should be armed (so marked): {reply:?}"
                 );
             }
@@ -457,10 +443,7 @@ fn only_armed_requests_are_marked() {
         .unwrap();
         assert_eq!(unarmed.status, 200);
         assert!(
-            unarmed
-                .headers
-                .get("x-adaptive-hedge")
-                .is_some_and(|d| d.contains("reason=method")),
+            common::decision(&unarmed).contains("reason=method"),
             "{unarmed:?}"
         );
         assert_eq!(marker(&unarmed), None, "{unarmed:?}");

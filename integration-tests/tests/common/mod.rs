@@ -30,6 +30,15 @@ pub async fn warm_up(client: &Client, envoy: &Envoy, path: &str, n: u64, callers
 /// The requests `warm_up` adds to its `n`, one per new connection.
 pub const PRIMING_CONNECTIONS: usize = 32;
 
+/// The filter's debug header (`armed; delay_ms=..` or `skipped; reason=..`),
+/// or "" when there is none.
+pub fn decision(reply: &load::Reply) -> &str {
+    reply
+        .headers
+        .get("x-adaptive-hedge")
+        .map_or("", String::as_str)
+}
+
 /// The learned delay of a cluster in milliseconds (from the gauge).
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
     envoy.filter_stat("hedge_delay_us", cluster) as f64 / 1000.0
