@@ -133,7 +133,7 @@ fn plans(s: &Settings) -> Vec<(&'static str, Plan)> {
         ],
         changes: Vec::new(),
         warmup: s.warmup,
-        warmup_rate: 2000.0,
+        warmup_rate: s.rate,
         workload: open,
         stream: None,
     };
@@ -240,7 +240,7 @@ fn main() {
     // 2. real Envoy, scenario by scenario
     println!("[2/3] real Envoy, simulated hosts on loopback");
     md.push_str(&format!(
-        "## Through real Envoy\n\nOpen loop at {} req/s, {} requests per configuration after {} warm-up requests; latency measured at the client from each request's scheduled start; extra load = upstream attempts counted by the simulated hosts / client requests − 1. Each configuration starts its own Envoy and hosts.\n\n",
+        "## Through real Envoy\n\nOpen loop at {} req/s, {} requests per configuration after {} warm-up requests at the same rate; latency measured at the client from each request's scheduled start; extra load = upstream attempts counted by the simulated hosts / client requests − 1. Each configuration starts its own Envoy and hosts.\n\n",
         s.rate, s.requests, s.warmup
     ));
     let mut scenario_results: Vec<ScenarioOutcomes> = Vec::new();
@@ -364,13 +364,11 @@ fn streaming_section(
         (100.0, 3_000)
     };
     let mut plan = Plan::three_hosts(
+        // warms up at the measured rate, as every plan does
         Latency::streaming(),
         s.warmup.min(500),
         Workload::Open { rate, requests },
     );
-    // at the measured rate: a burst of hundreds of open streams would
-    // teach the filter the box's overload, not the hosts' latency
-    plan.warmup_rate = rate;
     plan.stream = Some(Stream {
         chunks: 20,
         gap: Duration::from_millis(10),
