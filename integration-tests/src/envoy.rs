@@ -398,6 +398,20 @@ impl Envoy {
         self.stat(&format!("wasmcustom.adaptive_hedge.{metric}.{cluster}"))
     }
 
+    /// A filter counter once it reaches `at_least`, or its value after 5 s.
+    /// The filter flushes its counters on its tick (every `sync_interval`),
+    /// and a loaded machine can delay a tick well past a fixed sleep.
+    pub fn flushed_filter_stat(&self, metric: &str, cluster: &str, at_least: i64) -> i64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let value = self.filter_stat(metric, cluster);
+            if value >= at_least || Instant::now() >= deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Envoy's log, without the start-up listing of compiled-in extensions.
     pub fn log(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default();

@@ -101,8 +101,14 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
                 .unwrap();
             assert_eq!(r.status, 200);
         }
-        tokio::time::sleep(Duration::from_millis(600)).await;
     });
+    // the warm-ups' requests, the held ones and the POSTs
+    let priming = common::PRIMING_CONNECTIONS as f64;
+    let backend_total = 300.0 + priming + 3.0;
+    let backend_b_total = 120.0 + priming + 7.0;
+    // each worker flushes its counters together, on its tick
+    envoy.flushed_filter_stat("requests_total", "backend", backend_total as i64);
+    envoy.flushed_filter_stat("requests_total", "backend-b", backend_b_total as i64);
     let (status, prom) = envoy.admin("/stats/prometheus").unwrap();
     assert_eq!(status, 200);
     let value = |metric: &str, cluster: &str| -> f64 {
@@ -112,10 +118,6 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("{prefix} missing from /stats/prometheus:\n{prom}"))
     };
-    // the warm-ups' requests, the held ones and the POSTs
-    let priming = common::PRIMING_CONNECTIONS as f64;
-    let backend_total = 300.0 + priming + 3.0;
-    let backend_b_total = 120.0 + priming + 7.0;
     assert_eq!(
         value("adaptive_hedge_requests_total", "backend"),
         backend_total
