@@ -100,6 +100,21 @@ pub enum Workload {
     Open { rate: f64, requests: u64 },
 }
 
+impl Workload {
+    /// Warm-up arrivals per second for this workload: its own rate (500
+    /// req/s before a closed loop). A faster burst makes a slow machine
+    /// queue, the window (30 s, longer than most runs) keeps those samples,
+    /// and the filter then starts the measurement with a delay learned from
+    /// the box's overload, not from the hosts (CI once saw 137 ms against a
+    /// 39 ms p90, and no hedge).
+    pub fn warmup_rate(&self) -> f64 {
+        match self {
+            Workload::Open { rate, .. } => *rate,
+            Workload::Closed { .. } => 500.0,
+        }
+    }
+}
+
 /// A route of the Envoy configs and the simulated hosts behind it.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -127,17 +142,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Three hosts behind `backend` (route `/`), all following `model`.
-    /// The warm-up runs at the measured rate (500 req/s before a closed
-    /// loop): a faster burst makes a slow machine queue, the window (30 s,
-    /// longer than most runs) keeps those samples, and the filter then starts
-    /// the measurement with a delay learned from the box's overload, not from
-    /// the hosts (CI once saw 137 ms against a 39 ms p90, and no hedge).
+    /// Three hosts behind `backend` (route `/`), all following `model`,
+    /// warmed up at `workload.warmup_rate()`.
     pub fn three_hosts(model: Latency, warmup: u64, workload: Workload) -> Plan {
-        let warmup_rate = match workload {
-            Workload::Open { rate, .. } => rate,
-            Workload::Closed { .. } => 500.0,
-        };
         Plan {
             hosts: vec![model; 3],
             targets: vec![Target {
@@ -147,7 +154,7 @@ impl Plan {
             }],
             changes: Vec::new(),
             warmup,
-            warmup_rate,
+            warmup_rate: workload.warmup_rate(),
             workload,
             stream: None,
         }

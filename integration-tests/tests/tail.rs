@@ -21,7 +21,7 @@ fn attempt() -> (Report, Report) {
     };
     // 500 req/s open loop, 12 s per configuration: below saturation, yet busy
     // enough that the VM's idle CPUs do not add wake-up latency (the warm-up
-    // runs at the same rate: see `Plan::three_hosts`)
+    // runs at the same rate: see `Workload::warmup_rate`)
     let plan = Plan::three_hosts(
         stragglers_far_out,
         1_000,

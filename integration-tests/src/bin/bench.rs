@@ -133,7 +133,7 @@ fn plans(s: &Settings) -> Vec<(&'static str, Plan)> {
         ],
         changes: Vec::new(),
         warmup: s.warmup,
-        warmup_rate: s.rate,
+        warmup_rate: open.warmup_rate(),
         workload: open,
         stream: None,
     };
@@ -364,7 +364,6 @@ fn streaming_section(
         (100.0, 3_000)
     };
     let mut plan = Plan::three_hosts(
-        // warms up at the measured rate, as every plan does
         Latency::streaming(),
         s.warmup.min(500),
         Workload::Open { rate, requests },
