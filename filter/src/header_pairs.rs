@@ -1,38 +1,27 @@
 //! Reads the request headers from one `proxy_get_header_map_pairs` answer.
 //!
-//! Why one call: the filter needs `:method` and whether any router control
-//! header is present. Asking for each by name costs a host round trip per
-//! name (six on a request that is not armed), and each costs microseconds.
-//! The whole map in one buffer costs one.
+//! Why one call: the filter needs `:method`, `upgrade`, and whether the
+//! client sent any router control header or the first-byte marker. Asking
+//! for each by name costs a host round trip per name (eight on a request
+//! that is not armed), and each costs microseconds. The whole map in one
+//! buffer costs one.
 //!
 //! The proxy-wasm ABI serialises a header map as: a u32 count `n`, then `n`
 //! pairs of u32 lengths (name, value), then each name and value followed by a
 //! NUL byte; integers little-endian. The buffer comes from the host: it is
 //! parsed defensively (a malformed buffer is `None`, never a panic).
 
-use crate::policy::hold::FIRST_BYTE_MARKER;
-
-/// What the filter reads from the request headers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequestHeaders<'a> {
-    pub method: &'a [u8],
-    /// Whether any header in `names` (lower-case) is present.
-    pub has_any: bool,
-    /// Whether the first-byte marker is present (a client sent it: the
-    /// downstream role sets it only after this scan).
-    pub has_marker: bool,
-    /// An `upgrade` header (WebSocket): never hedged.
-    pub upgrade: bool,
-}
+use crate::headers::{CONTROL_HEADERS, FIRST_BYTE_MARKER};
+use crate::policy::decision::Request;
 
 fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
     let bytes: [u8; 4] = buf.get(at..at.checked_add(4)?)?.try_into().ok()?;
     usize::try_from(u32::from_le_bytes(bytes)).ok()
 }
 
-/// Scans a serialised header map for `:method` and for any of `names`.
-/// Header names in Envoy's maps are lower-case already.
-pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
+/// Scans a serialised header map for what the decision needs. Header names
+/// in Envoy's maps are lower-case already. `None` if the buffer is malformed.
+pub fn scan(buf: &[u8]) -> Option<Request<'_>> {
     let count = u32_at(buf, 0)?;
     // Each pair needs 8 bytes of lengths and 2 NULs: reject absurd counts
     // before doing arithmetic with them.
@@ -40,7 +29,7 @@ pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
         return None;
     }
     let mut data = 4usize.checked_add(count.checked_mul(8)?)?;
-    let mut found = RequestHeaders::default();
+    let mut found = Request::default();
     for i in 0..count {
         let lengths = 4 + i * 8;
         let (name_len, value_len) = (u32_at(buf, lengths)?, u32_at(buf, lengths + 4)?);
@@ -53,9 +42,9 @@ pub fn scan<'a>(buf: &'a [u8], names: &[&str]) -> Option<RequestHeaders<'a>> {
         } else if name == b"upgrade" {
             found.upgrade = true;
         } else if name == FIRST_BYTE_MARKER.as_bytes() {
-            found.has_marker = true;
-        } else if !found.has_any && names.iter().any(|n| n.as_bytes() == name) {
-            found.has_any = true;
+            found.client_marker = true;
+        } else if !found.client_controls && CONTROL_HEADERS.iter().any(|n| n.as_bytes() == name) {
+            found.client_controls = true;
         }
     }
     // The last value's NUL must be inside the buffer too.
@@ -83,8 +72,6 @@ pub fn serialise(pairs: &[(&str, &str)]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    const CONTROL: [&str; 2] = ["x-envoy-max-retries", "x-envoy-retry-on"];
-
     #[test]
     fn finds_the_method_and_control_headers() {
         let buf = serialise(&[
@@ -93,28 +80,31 @@ mod tests {
             (":method", "GET"),
             ("x-envoy-retry-on", "5xx"),
         ]);
-        let h = scan(&buf, &CONTROL).unwrap();
+        let h = scan(&buf).unwrap();
         assert_eq!(h.method, b"GET");
-        assert!(h.has_any);
+        assert!(h.client_controls);
 
         let buf = serialise(&[(":method", "POST"), ("x-request-id", "1")]);
-        let h = scan(&buf, &CONTROL).unwrap();
+        let h = scan(&buf).unwrap();
         assert_eq!(h.method, b"POST");
-        assert!(!h.has_any);
-        assert!(!h.has_marker);
+        assert!(!h.client_controls);
+        assert!(!h.client_marker);
 
         let buf = serialise(&[(":method", "GET"), (FIRST_BYTE_MARKER, "1")]);
-        let h = scan(&buf, &CONTROL).unwrap();
-        assert!(h.has_marker);
-        assert!(!h.has_any, "the marker is not a router control header");
+        let h = scan(&buf).unwrap();
+        assert!(h.client_marker);
+        assert!(
+            !h.client_controls,
+            "the marker is not a router control header"
+        );
         assert!(!h.upgrade);
 
         let buf = serialise(&[(":method", "GET"), ("upgrade", "websocket")]);
-        assert!(scan(&buf, &CONTROL).unwrap().upgrade);
+        assert!(scan(&buf).unwrap().upgrade);
 
         let empty = serialise(&[]);
-        let h = scan(&empty, &CONTROL).unwrap();
-        assert_eq!(h, RequestHeaders::default());
+        let h = scan(&empty).unwrap();
+        assert_eq!(h, Request::default());
     }
 
     #[test]
@@ -124,8 +114,8 @@ mod tests {
             ("x", "x-envoy-retry-on"),
             (":method", ""),
         ]);
-        let h = scan(&buf, &CONTROL).unwrap();
-        assert!(!h.has_any);
+        let h = scan(&buf).unwrap();
+        assert!(!h.client_controls);
         assert_eq!(h.method, b"");
     }
 
@@ -133,18 +123,18 @@ mod tests {
     fn malformed_buffers_are_none_never_a_panic() {
         let good = serialise(&[(":method", "GET"), ("a", "b")]);
         for cut in 0..good.len() {
-            assert_eq!(scan(&good[..cut], &CONTROL), None, "cut at {cut}");
+            assert_eq!(scan(&good[..cut]), None, "cut at {cut}");
         }
-        assert_eq!(scan(&[0xff, 0xff, 0xff, 0xff], &CONTROL), None);
+        assert_eq!(scan(&[0xff, 0xff, 0xff, 0xff]), None);
         let mut long = good.clone();
         long[4] = 0xff; // first name's length past the end
-        assert_eq!(scan(&long, &CONTROL), None);
+        assert_eq!(scan(&long), None);
         // every byte value in every position: no panic
         for i in 0..good.len() {
             for b in [0u8, 1, 0x7f, 0x80, 0xff] {
                 let mut m = good.clone();
                 m[i] = b;
-                let _ = scan(&m, &CONTROL);
+                let _ = scan(&m);
             }
         }
     }

@@ -14,7 +14,9 @@ use adaptive_hedge::policy::shared_state::{
     cluster_key, Registry, SharedCluster, SharedStore, REGISTRY_KEY,
 };
 use adaptive_hedge::policy::window::WindowGeometry;
-use adaptive_hedge::policy::worker::{Level, Logger, Worker};
+use adaptive_hedge::policy::decision::Request;
+use adaptive_hedge::policy::worker::Worker;
+use adaptive_hedge::telemetry::{Level, Logger};
 use libfuzzer_sys::fuzz_target;
 
 struct Quiet;
@@ -40,10 +42,13 @@ fuzz_target!(|data: &[u8]| {
     let _ = store.set(REGISTRY_KEY, &data[..split], 0);
     let _ = store.set(&cluster_key("backend"), &data[split..], 0);
     for i in 0..3u64 {
-        let (id, _) = worker.on_request(Some(b"backend"), b"GET", false);
-        if let Some(id) = id {
+        let get = Request { method: b"GET", ..Request::default() };
+        let plan = worker.plan(Some(b"backend"), &get);
+        if let Some(id) = plan.cluster {
             worker.on_response(id, 1000 + i);
-            worker.on_complete(id, 0, Some(1));
+        }
+        if let Some(settlement) = plan.settlement() {
+            worker.settle(settlement, Some(1));
         }
         worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
     }

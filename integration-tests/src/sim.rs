@@ -50,7 +50,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 
-use adaptive_hedge::policy::hold::FIRST_BYTE_MARKER;
+use adaptive_hedge::headers::FIRST_BYTE_MARKER;
 
 /// How long a host takes to answer.
 #[derive(Clone, Debug, PartialEq)]

@@ -13,9 +13,10 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use adaptive_hedge::policy::config::Config;
-use adaptive_hedge::policy::decision::Decision;
+use adaptive_hedge::policy::decision::{Decision, Request, Settlement};
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
-use adaptive_hedge::policy::worker::{Level, Logger, Worker};
+use adaptive_hedge::policy::worker::Worker;
+use adaptive_hedge::telemetry::{Level, Logger};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -142,12 +143,20 @@ impl Logger for Quiet {
     fn log(&mut self, _: Level, _: &str) {}
 }
 
+/// Every simulated request: a plain GET from a client that sets no control header.
+const GET: Request = Request {
+    method: b"GET",
+    upgrade: false,
+    client_controls: false,
+    client_marker: false,
+};
+
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     /// (caller) issues its next request.
     Issue(usize),
-    /// A request ends: (caller, worker, cluster id, reserved tokens, attempts, latency µs).
-    Done(usize, usize, usize, u32, u64, u64),
+    /// A request ends: (caller, worker, cluster id, hedges reserved, attempts, latency µs).
+    Done(usize, usize, Option<usize>, u32, u64, u64),
     Tick,
 }
 
@@ -220,7 +229,7 @@ pub fn run(
                 if let Some(d) = workers
                     .first()
                     .and_then(|w| w.cluster(0))
-                    .and_then(|c| c.hedge_delay)
+                    .and_then(|c| c.hedge_delay())
                 {
                     delay_timeline.push((t as f64 / 1e6, d.delay_us as f64 / 1000.0));
                 }
@@ -239,18 +248,21 @@ pub fn run(
                 let primary = scenario.sample_us(primary_host, t_ms, total_ms, &mut rng);
                 let wi = caller % 2;
                 let (delay_us, reserved, cluster) = match policy {
-                    Policy::None => (None, 0, 0),
-                    Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), 1, 0),
-                    Policy::Adaptive { .. } => match workers
-                        .get_mut(wi)
-                        .map(|w| w.on_request(Some(b"backend"), b"GET", false))
-                    {
-                        Some((Some(id), Decision::Arm(h))) => {
-                            (Some(h.per_try_timeout_ms as f64 * 1000.0), h.hedges, id)
+                    Policy::None => (None, 0, None),
+                    Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), 0, None),
+                    Policy::Adaptive { .. } => {
+                        match workers.get_mut(wi).map(|w| w.plan(Some(b"backend"), &GET)) {
+                            Some(plan) => match &plan.decision {
+                                Decision::Arm(a) => (
+                                    Some(a.per_try_timeout_ms as f64 * 1000.0),
+                                    a.hedges,
+                                    plan.cluster,
+                                ),
+                                Decision::Skip(_) => (None, 0, plan.cluster),
+                            },
+                            None => (None, 0, None),
                         }
-                        Some((Some(id), Decision::Skip(_))) => (None, 0, id),
-                        _ => (None, 0, 0),
-                    },
+                    }
                 };
                 let (elapsed, attempts) = match delay_us {
                     Some(d) if primary > d => {
@@ -275,9 +287,14 @@ pub fn run(
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
                 if let Some(w) = workers.get_mut(wi) {
-                    w.on_response(cluster, elapsed);
-                    if reserved > 0 {
-                        w.on_complete(cluster, reserved, Some(attempts));
+                    // every response is a sample here (the filter samples
+                    // the first 256 requests per tick and worker)
+                    if let Some(cluster) = cluster {
+                        w.on_response(cluster, elapsed);
+                        if reserved > 0 {
+                            let hedges = reserved;
+                            w.settle(Settlement { cluster, hedges }, Some(attempts));
+                        }
                     }
                 }
                 push(&mut events, t, Event::Issue(caller));

@@ -43,7 +43,7 @@ fn signed(micros: u64) -> i64 {
 }
 
 /// A cluster's budget in micro-tokens, derived once from its policy
-/// (`decision::budget_terms`), not per request.
+/// (`hedge_delay::budget_terms`), not per request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BudgetTerms {
     /// Earned per request.
@@ -74,11 +74,8 @@ impl LocalBudget {
         }
     }
 
-    pub fn terms(&self) -> BudgetTerms {
-        self.terms
-    }
-
-    pub fn free_tokens(&self) -> f64 {
+    #[cfg(test)]
+    fn free_tokens(&self) -> f64 {
         self.free as f64 / MICROS_PER_TOKEN as f64
     }
 
@@ -97,24 +94,28 @@ impl LocalBudget {
         }
     }
 
-    /// Arms up to `wanted` hedges: as many as there are whole free tokens,
-    /// and as keep the worst-case debt within `burst`. Sets aside
-    /// `set_aside` micro-tokens for each; returns how many.
-    pub fn reserve(&mut self, wanted: u32) -> u32 {
+    /// How many of `wanted` hedges the budget can pay for now: as many as
+    /// there are whole free tokens, and as keep the worst-case debt within
+    /// `burst`.
+    pub fn affordable(&self, wanted: u32) -> u32 {
         let headroom = self
             .free
             .saturating_sub(self.exposure)
             .saturating_add(signed(self.terms.burst));
-        // a whole free token per hedge, and the worst case within a burst
-        let n = (headroom / TOKEN)
+        (headroom / TOKEN)
             .min(self.free / TOKEN)
-            .clamp(0, i64::from(wanted));
+            .clamp(0, i64::from(wanted)) as u32
+    }
+
+    /// Arms `hedges` hedges (at most what `affordable` allowed): sets aside
+    /// `set_aside` micro-tokens for each.
+    pub fn reserve(&mut self, hedges: u32) {
+        let n = i64::from(hedges);
         let set_aside = self.set_aside();
         self.free = self.free.saturating_sub(n.saturating_mul(set_aside));
         self.exposure = self
             .exposure
             .saturating_add(n.saturating_mul(TOKEN - set_aside));
-        n as u32
     }
 
     /// The request armed with `reserved` hedges ended having sent `sent`.
@@ -160,6 +161,13 @@ mod tests {
         set_aside: 80_000, // the delay is the p92
     };
 
+    /// Arms what the budget affords of `wanted`, as the worker does.
+    fn arm(b: &mut LocalBudget, wanted: u32) -> u32 {
+        let n = b.affordable(wanted);
+        b.reserve(n);
+        n
+    }
+
     fn budget(free: i64) -> LocalBudget {
         LocalBudget {
             free,
@@ -183,25 +191,25 @@ mod tests {
     #[test]
     fn arming_keeps_the_worst_case_debt_within_one_burst() {
         let mut b = LocalBudget::new(TERMS);
-        assert_eq!(b.reserve(1), 0, "no free token, no hedge");
+        assert_eq!(arm(&mut b, 1), 0, "no free token, no hedge");
         for _ in 0..200 {
             b.earn();
         }
-        let armed: u32 = (0..100).map(|_| b.reserve(1)).sum();
+        let armed: u32 = (0..100).map(|_| arm(&mut b, 1)).sum();
         assert_eq!(armed, 20);
         for _ in 0..armed {
             b.settle(1, 1); // a stall: every one of them hedged
         }
         assert!((b.free_tokens() + 10.0).abs() < 1e-9, "{}", b.free_tokens());
-        assert_eq!(b.reserve(1), 0, "in debt");
+        assert_eq!(arm(&mut b, 1), 0, "in debt");
         for _ in 0..105 {
             b.earn();
         }
-        assert_eq!(b.reserve(1), 0, "repaid, 0.5 free");
+        assert_eq!(arm(&mut b, 1), 0, "repaid, 0.5 free");
         for _ in 0..5 {
             b.earn();
         }
-        assert_eq!(b.reserve(3), 1, "one token free: one hedge");
+        assert_eq!(arm(&mut b, 3), 1, "one token free: one hedge");
     }
 
     #[test]
@@ -211,7 +219,7 @@ mod tests {
             b.earn();
         }
         // a client that stalled catches up: 30 requests at once
-        let armed: u32 = (0..30).map(|_| b.reserve(1)).sum();
+        let armed: u32 = (0..30).map(|_| arm(&mut b, 1)).sum();
         assert_eq!(armed, 20);
         // they end; 3 of them hedged: the budget is 10 - 3 tokens
         for i in 0..armed {
@@ -251,7 +259,7 @@ mod tests {
         for i in 0..60_000u64 {
             let w = &mut workers[(i % 2) as usize];
             w.earn();
-            let r = w.reserve(1);
+            let r = arm(w, 1);
             w.settle(r, 0);
             if i % 200 == 0 {
                 for w in workers.iter_mut() {
@@ -267,7 +275,7 @@ mod tests {
         for i in 0..requests {
             let wi = (i % 2) as usize;
             workers[wi].earn();
-            let r = workers[wi].reserve(1);
+            let r = arm(&mut workers[wi], 1);
             in_flight.push_back((wi, r));
             if in_flight.len() > in_flight_max {
                 let (wj, r) = in_flight.pop_front().unwrap();

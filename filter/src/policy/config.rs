@@ -1,15 +1,24 @@
 //! Plugin configuration: parsed with serde, validated once into an immutable
 //! [`Config`] that every request shares. Every error names the field, the
 //! value and the rule, so an operator can fix a rejected config from the log.
+//!
+//! Each setting is declared once, in the `settings!` list below: its type,
+//! default and rule. The raw (all-optional) forms serde reads, the merge of a
+//! cluster override over the defaults, and the effective config logged at
+//! start-up all come from that list; the README's table is checked against
+//! it (`tests::readme_lists_every_setting_with_its_default`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::{format_duration, parse_duration};
+use super::window::SLICES;
+use crate::headers::FIRST_BYTE_MARKER;
 
 /// Which moment of the response is the latency sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -34,6 +43,36 @@ pub enum Role {
     Upstream,
 }
 
+/// A duration written as text in the config ("5ms", "2s").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TextDuration(pub Duration);
+
+impl Deref for TextDuration {
+    type Target = Duration;
+    fn deref(&self) -> &Duration {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for TextDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text)
+            .map(TextDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for TextDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(self.0))
+    }
+}
+
+const fn millis(ms: u64) -> TextDuration {
+    TextDuration(Duration::from_millis(ms))
+}
+
 /// Envoy `x-envoy-retry-on` values; anything else would be ignored by Envoy,
 /// and with no valid retry-on the per-try timeout (the hedge trigger) does nothing.
 const RETRY_ON_VALUES: &[&str] = &[
@@ -53,41 +92,260 @@ const RETRY_ON_VALUES: &[&str] = &[
 /// Methods that RFC 9110 does not promise are safe to repeat.
 const NON_IDEMPOTENT_METHODS: &[&str] = &["POST", "PATCH"];
 
-/// How the hedging of one upstream cluster behaves (the defaults, or a
-/// cluster's override merged over them).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClusterPolicy {
-    pub disabled: bool,
-    /// Hedge after this quantile of the cluster's latency (0.9 = p90).
-    pub percentile: f64,
-    /// Extra attempts allowed per request received (0.10 = 10%).
-    pub budget_share: f64,
-    /// Tokens a worker (and the shared pool) may save up while idle.
-    pub budget_burst: f64,
-    pub min_delay: Duration,
-    pub max_delay: Duration,
-    /// Hedges per request (`x-envoy-max-retries`).
-    pub max_hedges: u32,
-    /// Samples the window must hold (all workers together) before hedging.
-    pub min_samples: u64,
-    pub idempotent_methods: Vec<String>,
-    pub retry_on: String,
+/// A rule: the value as accepted (possibly normalised), or why it is not.
+type Rule<T> = fn(T) -> Result<T, String>;
+
+fn within<T: PartialOrd + fmt::Display + Copy>(
+    value: T,
+    low: T,
+    high: T,
+    what: &str,
+) -> Result<T, String> {
+    if value >= low && value <= high {
+        Ok(value)
+    } else {
+        Err(format!("must be between {low} and {high}{what}"))
+    }
 }
 
-impl Default for ClusterPolicy {
-    fn default() -> Self {
-        ClusterPolicy {
-            disabled: false,
-            percentile: 0.9,
-            budget_share: 0.10,
-            budget_burst: 10.0,
-            min_delay: Duration::from_millis(1),
-            max_delay: Duration::from_secs(10),
-            max_hedges: 1,
-            min_samples: 100,
-            idempotent_methods: vec!["GET".into(), "HEAD".into(), "OPTIONS".into()],
-            retry_on: "5xx".into(),
+fn duration_within(
+    value: TextDuration,
+    low: Duration,
+    high: Duration,
+) -> Result<TextDuration, String> {
+    if *value >= low && *value <= high {
+        Ok(value)
+    } else {
+        Err(format!(
+            "must be between {} and {}",
+            format_duration(low),
+            format_duration(high)
+        ))
+    }
+}
+
+fn percentile_rule(q: f64) -> Result<f64, String> {
+    if q > 0.0 && q < 1.0 {
+        Ok(q)
+    } else {
+        Err("must be strictly between 0 and 1 (0.9 = p90)".into())
+    }
+}
+
+fn budget_percent_rule(pct: f64) -> Result<f64, String> {
+    if pct > 0.0 && pct <= 100.0 {
+        Ok(pct)
+    } else {
+        Err("must be greater than 0 and at most 100".into())
+    }
+}
+
+fn min_delay_rule(d: TextDuration) -> Result<TextDuration, String> {
+    if *d >= Duration::from_millis(1) {
+        Ok(d)
+    } else {
+        Err("must be at least 1ms (Envoy's per-try timeout has millisecond resolution)".into())
+    }
+}
+
+fn max_delay_rule(d: TextDuration) -> Result<TextDuration, String> {
+    if *d <= Duration::from_secs(300) {
+        Ok(d)
+    } else {
+        Err("must be at most 5m".into())
+    }
+}
+
+fn methods_rule(methods: Vec<String>) -> Result<Vec<String>, String> {
+    if methods.is_empty() {
+        return Err(
+            "must list at least one method (use \"disabled\": true to turn hedging off)".into(),
+        );
+    }
+    for m in &methods {
+        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "\"{m}\": methods are upper-case tokens such as \"GET\""
+            ));
         }
+        if m == "CONNECT" {
+            return Err("a CONNECT tunnel cannot be duplicated".into());
+        }
+    }
+    Ok(methods)
+}
+
+fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
+    let values: Vec<&str> = retry_on.split(',').map(str::trim).collect();
+    if values.iter().any(|v| !RETRY_ON_VALUES.contains(v)) {
+        return Err(format!(
+            "must be a comma-separated list of Envoy retry-on values ({})",
+            RETRY_ON_VALUES.join(", ")
+        ));
+    }
+    Ok(values.join(",").into())
+}
+
+/// Declares the settings: per-cluster ones (`policy`, also allowed in a
+/// `clusters.<name>` override) and plugin-wide ones (`global`), each as
+/// `name: type = default, rule;`.
+macro_rules! settings {
+    (
+        policy { $($(#[$pdoc:meta])* $pf:ident: $pt:ty = $pdefault:expr, $prule:expr;)* }
+        global { $($(#[$gdoc:meta])* $gf:ident: $gt:ty = $gdefault:expr, $grule:expr;)* }
+    ) => {
+        /// How the hedging of one upstream cluster behaves (the defaults, or
+        /// a cluster's override merged over them).
+        #[derive(Clone, Debug, PartialEq, Serialize)]
+        pub struct ClusterPolicy {
+            $($(#[$pdoc])* pub $pf: $pt,)*
+        }
+
+        impl Default for ClusterPolicy {
+            fn default() -> Self {
+                ClusterPolicy { $($pf: $pdefault,)* }
+            }
+        }
+
+        /// The validated configuration of one plugin instance.
+        #[derive(Clone, Debug)]
+        pub struct Config {
+            pub role: Role,
+            pub defaults: Arc<ClusterPolicy>,
+            pub clusters: HashMap<String, Arc<ClusterPolicy>>,
+            $($(#[$gdoc])* pub $gf: $gt,)*
+            /// Things that are allowed but worth a line in the log.
+            pub warnings: Vec<String>,
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config {
+                    role: Role::Downstream,
+                    defaults: Arc::default(),
+                    clusters: HashMap::new(),
+                    $($gf: $gdefault,)*
+                    warnings: Vec::new(),
+                }
+            }
+        }
+
+        /// A cluster override as written: every field optional.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawPolicy {
+            $($pf: Option<$pt>,)*
+        }
+
+        /// The top level as written: the per-cluster fields are repeated
+        /// here, not flattened (serde's `flatten` would lose
+        /// `deny_unknown_fields` and the field paths in errors).
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawConfig {
+            role: Option<Role>,
+            $($pf: Option<$pt>,)*
+            $($gf: Option<$gt>,)*
+            clusters: Option<BTreeMap<String, RawPolicy>>,
+        }
+
+        impl RawConfig {
+            /// The fields given besides `role`, in the order they are declared.
+            fn set_fields(&self) -> Vec<&'static str> {
+                [
+                    $((stringify!($pf), self.$pf.is_some()),)*
+                    $((stringify!($gf), self.$gf.is_some()),)*
+                    ("clusters", self.clusters.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(name, set)| set.then_some(name))
+                .collect()
+            }
+
+            fn take_policy(&mut self) -> RawPolicy {
+                RawPolicy { $($pf: self.$pf.take(),)* }
+            }
+
+            fn apply_globals(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+                $(if let Some(value) = self.$gf.take() {
+                    let rule: Rule<$gt> = $grule;
+                    config.$gf = checked(stringify!($gf), value, rule)?;
+                })*
+                Ok(())
+            }
+        }
+
+        impl RawPolicy {
+            /// Applies this over `base`; field names in errors carry `prefix`
+            /// ("clusters.<name>.") so an override's mistake points at it.
+            fn merge_over(self, base: &ClusterPolicy, prefix: &str) -> Result<ClusterPolicy, ConfigError> {
+                let mut policy = base.clone();
+                $(if let Some(value) = self.$pf {
+                    let rule: Rule<$pt> = $prule;
+                    policy.$pf = checked(&format!("{prefix}{}", stringify!($pf)), value, rule)?;
+                })*
+                Ok(policy)
+            }
+        }
+
+        /// The effective configuration in the shape the user writes it.
+        #[derive(Serialize)]
+        struct Effective<'a> {
+            role: Role,
+            #[serde(flatten)]
+            defaults: &'a ClusterPolicy,
+            $($gf: &'a $gt,)*
+            clusters: BTreeMap<&'a str, &'a ClusterPolicy>,
+        }
+
+        impl Config {
+            fn effective(&self) -> Effective<'_> {
+                Effective {
+                    role: self.role,
+                    defaults: &self.defaults,
+                    $($gf: &self.$gf,)*
+                    clusters: self.clusters.iter().map(|(n, p)| (n.as_str(), &**p)).collect(),
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    policy {
+        /// Turns hedging off for the cluster.
+        disabled: bool = false, Ok;
+        /// Hedge after this quantile of the cluster's latency (0.9 = p90).
+        percentile: f64 = 0.9, percentile_rule;
+        /// Extra attempts allowed, in percent of the requests received.
+        budget_percent: f64 = 10.0, budget_percent_rule;
+        /// Tokens a worker (and the shared pool) may save up while idle.
+        budget_burst: f64 = 10.0, |b| within(b, 1.0, 10_000.0, " tokens");
+        min_delay: TextDuration = millis(1), min_delay_rule;
+        max_delay: TextDuration = millis(10_000), max_delay_rule;
+        /// Hedges per request (`x-envoy-max-retries`).
+        max_hedges: u32 = 1, |n| within(n, 1, 5, " (use \"disabled\": true to turn hedging off)");
+        /// Samples the window must hold (all workers together) before hedging.
+        min_samples: u64 = 100, |n| within(n, 1, 1_000_000, "");
+        idempotent_methods: Vec<String> =
+            vec!["GET".into(), "HEAD".into(), "OPTIONS".into()], methods_rule;
+        /// `x-envoy-retry-on` of armed requests.
+        retry_on: Arc<str> = "5xx".into(), retry_on_rule;
+    }
+    global {
+        /// Length of the rolling latency window.
+        window: TextDuration = millis(30_000),
+            |w| duration_within(w, Duration::from_secs(1), Duration::from_secs(600));
+        /// How often each worker merges into shared memory and refreshes its delays.
+        sync_interval: TextDuration = millis(200),
+            |i| duration_within(i, Duration::from_millis(10), Duration::from_secs(10));
+        latency_signal: LatencySignal = LatencySignal::Headers, Ok;
+        /// Keep client-sent `x-envoy-*` retry/hedge headers instead of removing them.
+        trust_client_headers: bool = false, Ok;
+        /// Clusters tracked at most; past it new clusters pass through unhedged.
+        max_clusters: usize = 1000, |n| within(n, 1, 100_000, "");
+        /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
+        debug_header: bool = false, Ok;
     }
 }
 
@@ -97,43 +355,43 @@ impl ClusterPolicy {
             .iter()
             .any(|m| m.as_bytes() == method)
     }
-}
 
-/// The validated configuration of one plugin instance.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub role: Role,
-    pub defaults: Arc<ClusterPolicy>,
-    pub clusters: HashMap<String, Arc<ClusterPolicy>>,
-    /// Length of the rolling latency window.
-    pub window: Duration,
-    /// How often each worker merges into shared memory and refreshes its delays.
-    pub sync_interval: Duration,
-    pub latency_signal: LatencySignal,
-    /// Keep client-sent `x-envoy-*` retry/hedge headers instead of removing them.
-    pub trust_client_headers: bool,
-    /// Clusters tracked at most; past it new clusters pass through unhedged.
-    pub max_clusters: usize,
-    /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
-    pub debug_header: bool,
-    /// Things that are allowed but worth a line in the log.
-    pub warnings: Vec<String>,
-}
+    /// `budget_percent` as a fraction (0.10 for 10%).
+    pub fn budget_share(&self) -> f64 {
+        self.budget_percent / 100.0
+    }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            role: Role::Downstream,
-            defaults: Arc::new(ClusterPolicy::default()),
-            clusters: HashMap::new(),
-            window: Duration::from_secs(30),
-            sync_interval: Duration::from_millis(200),
-            latency_signal: LatencySignal::Headers,
-            trust_client_headers: false,
-            max_clusters: 1000,
-            debug_header: false,
-            warnings: Vec::new(),
+    /// The cross-field rule and the warnings of one policy.
+    fn check(
+        &self,
+        prefix: &str,
+        set_max: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ConfigError> {
+        if self.min_delay > self.max_delay {
+            let (name, value) = if set_max {
+                ("max_delay", self.max_delay)
+            } else {
+                ("min_delay", self.min_delay)
+            };
+            return Err(error(
+                &format!("{prefix}{name}"),
+                quoted(&format_duration(*value)),
+                format!(
+                    "min_delay ({}) must not exceed max_delay ({})",
+                    format_duration(*self.min_delay),
+                    format_duration(*self.max_delay)
+                ),
+            ));
         }
+        for m in &self.idempotent_methods {
+            if NON_IDEMPOTENT_METHODS.contains(&m.as_str()) {
+                warnings.push(format!(
+                    "{prefix}idempotent_methods: {m} is not idempotent in general; hedging it may apply a request twice"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -173,88 +431,14 @@ fn error(field: &str, value: impl fmt::Display, rule: impl Into<String>) -> Conf
     }
 }
 
-/// Fields that may be set at the top level and per cluster.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    disabled: Option<bool>,
-    percentile: Option<f64>,
-    budget_percent: Option<f64>,
-    budget_burst: Option<f64>,
-    min_delay: Option<String>,
-    max_delay: Option<String>,
-    max_hedges: Option<u32>,
-    min_samples: Option<u64>,
-    idempotent_methods: Option<Vec<String>>,
-    retry_on: Option<String>,
+/// Applies a field's rule; the error shows the value as written (JSON).
+fn checked<T: Serialize>(field: &str, value: T, rule: Rule<T>) -> Result<T, ConfigError> {
+    let shown = serde_json::to_string(&value).unwrap_or_default();
+    rule(value).map_err(|why| error(field, shown, why))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    role: Option<Role>,
-    // The per-cluster fields again (serde's `flatten` would lose
-    // `deny_unknown_fields` and the field paths in errors).
-    disabled: Option<bool>,
-    percentile: Option<f64>,
-    budget_percent: Option<f64>,
-    budget_burst: Option<f64>,
-    min_delay: Option<String>,
-    max_delay: Option<String>,
-    max_hedges: Option<u32>,
-    min_samples: Option<u64>,
-    idempotent_methods: Option<Vec<String>>,
-    retry_on: Option<String>,
-    window: Option<String>,
-    sync_interval: Option<String>,
-    latency_signal: Option<LatencySignal>,
-    trust_client_headers: Option<bool>,
-    max_clusters: Option<usize>,
-    debug_header: Option<bool>,
-    clusters: Option<BTreeMap<String, RawPolicy>>,
-}
-
-impl RawConfig {
-    /// The fields given besides `role`, in the order they are declared.
-    fn set_fields(&self) -> Vec<&'static str> {
-        [
-            ("disabled", self.disabled.is_some()),
-            ("percentile", self.percentile.is_some()),
-            ("budget_percent", self.budget_percent.is_some()),
-            ("budget_burst", self.budget_burst.is_some()),
-            ("min_delay", self.min_delay.is_some()),
-            ("max_delay", self.max_delay.is_some()),
-            ("max_hedges", self.max_hedges.is_some()),
-            ("min_samples", self.min_samples.is_some()),
-            ("idempotent_methods", self.idempotent_methods.is_some()),
-            ("retry_on", self.retry_on.is_some()),
-            ("window", self.window.is_some()),
-            ("sync_interval", self.sync_interval.is_some()),
-            ("latency_signal", self.latency_signal.is_some()),
-            ("trust_client_headers", self.trust_client_headers.is_some()),
-            ("max_clusters", self.max_clusters.is_some()),
-            ("debug_header", self.debug_header.is_some()),
-            ("clusters", self.clusters.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, set)| set.then_some(name))
-        .collect()
-    }
-
-    fn policy(&self) -> RawPolicy {
-        RawPolicy {
-            disabled: self.disabled,
-            percentile: self.percentile,
-            budget_percent: self.budget_percent,
-            budget_burst: self.budget_burst,
-            min_delay: self.min_delay.clone(),
-            max_delay: self.max_delay.clone(),
-            max_hedges: self.max_hedges,
-            min_samples: self.min_samples,
-            idempotent_methods: self.idempotent_methods.clone(),
-            retry_on: self.retry_on.clone(),
-        }
-    }
+fn quoted(text: &str) -> String {
+    format!("\"{text}\"")
 }
 
 impl Config {
@@ -277,7 +461,7 @@ impl Config {
         Self::validate(raw)
     }
 
-    fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn validate(mut raw: RawConfig) -> Result<Config, ConfigError> {
         if raw.role == Some(Role::Upstream) {
             // The upstream role only holds response headers; a hedging
             // setting here is a setting the operator believes in but that
@@ -296,70 +480,43 @@ impl Config {
         }
         let mut config = Config::default();
         let mut warnings = Vec::new();
-        let defaults = merge_policy(&ClusterPolicy::default(), &raw.policy(), "", &mut warnings)?;
-        if raw.disabled == Some(true) {
+        let top = raw.take_policy();
+        let set_max = top.max_delay.is_some();
+        let defaults = top.merge_over(&ClusterPolicy::default(), "")?;
+        defaults.check("", set_max, &mut warnings)?;
+        if defaults.disabled {
             warnings.push("\"disabled\": true at the top level turns hedging off for every cluster without an override".into());
         }
-
-        if let Some(text) = &raw.window {
-            let window = duration_field("window", text)?;
-            if window < Duration::from_secs(1) || window > Duration::from_secs(600) {
-                return Err(error("window", quoted(text), "must be between 1s and 10m"));
-            }
-            config.window = window;
-        }
-        if let Some(text) = &raw.sync_interval {
-            let interval = duration_field("sync_interval", text)?;
-            if interval < Duration::from_millis(10) || interval > Duration::from_secs(10) {
-                return Err(error(
-                    "sync_interval",
-                    quoted(text),
-                    "must be between 10ms and 10s",
-                ));
-            }
-            config.sync_interval = interval;
-        }
-        let slice = config.window / super::window::SLICES as u32;
-        if config.sync_interval > slice {
+        raw.apply_globals(&mut config)?;
+        let slice = *config.window / SLICES as u32;
+        if *config.sync_interval > slice {
             return Err(error(
                 "sync_interval",
-                quoted(&format_duration(config.sync_interval)),
+                quoted(&format_duration(*config.sync_interval)),
                 format!(
-                    "must not exceed window / {} = {} (the window ages out in {} steps)",
-                    super::window::SLICES,
+                    "must not exceed window / {SLICES} = {} (the window ages out in {SLICES} steps)",
                     format_duration(slice),
-                    super::window::SLICES
                 ),
             ));
         }
-        if let Some(signal) = raw.latency_signal {
-            config.latency_signal = signal;
-            if signal == LatencySignal::FirstByte {
-                warnings.push(format!("latency_signal is first_byte: streamed responses are hedged only on clusters that also run this module with {{\"role\": \"upstream\"}} (it holds armed requests' 2xx headers, marked with {}, until the first body byte)", super::hold::FIRST_BYTE_MARKER));
-            }
+        if config.latency_signal == LatencySignal::FirstByte {
+            warnings.push(format!("latency_signal is first_byte: streamed responses are hedged only on clusters that also run this module with {{\"role\": \"upstream\"}} (it holds armed requests' 2xx headers, marked with {FIRST_BYTE_MARKER}, until the first body byte)"));
         }
-        if let Some(trust) = raw.trust_client_headers {
-            config.trust_client_headers = trust;
-            if trust {
-                warnings.push("trust_client_headers is on: clients can switch on retries and hedges themselves".into());
-            }
+        if config.trust_client_headers {
+            warnings.push(
+                "trust_client_headers is on: clients can switch on retries and hedges themselves"
+                    .into(),
+            );
         }
-        if let Some(max) = raw.max_clusters {
-            if !(1..=100_000).contains(&max) {
-                return Err(error("max_clusters", max, "must be between 1 and 100000"));
-            }
-            config.max_clusters = max;
-        }
-        if let Some(debug) = raw.debug_header {
-            config.debug_header = debug;
-        }
-        for (name, raw_override) in raw.clusters.iter().flatten() {
+        for (name, raw_override) in raw.clusters.take().into_iter().flatten() {
             if name.is_empty() {
                 return Err(error("clusters", "\"\"", "cluster names must not be empty"));
             }
             let prefix = format!("clusters.{name}.");
-            let policy = merge_policy(&defaults, raw_override, &prefix, &mut warnings)?;
-            config.clusters.insert(name.clone(), Arc::new(policy));
+            let set_max = raw_override.max_delay.is_some();
+            let policy = raw_override.merge_over(&defaults, &prefix)?;
+            policy.check(&prefix, set_max, &mut warnings)?;
+            config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
         config.warnings = warnings;
@@ -378,216 +535,10 @@ impl Config {
     /// for the start-up log line.
     pub fn effective_json(&self) -> String {
         if self.role == Role::Upstream {
-            return serde_json::json!({ "role": Role::Upstream }).to_string();
+            return r#"{"role":"upstream"}"#.to_string();
         }
-        let clusters: BTreeMap<&str, serde_json::Value> = self
-            .clusters
-            .iter()
-            .map(|(name, policy)| (name.as_str(), policy_json(policy)))
-            .collect();
-        let mut root = policy_json(&self.defaults);
-        if let serde_json::Value::Object(map) = &mut root {
-            map.insert(
-                "role".into(),
-                serde_json::to_value(self.role).unwrap_or_default(),
-            );
-            map.insert("window".into(), format_duration(self.window).into());
-            map.insert(
-                "sync_interval".into(),
-                format_duration(self.sync_interval).into(),
-            );
-            map.insert(
-                "latency_signal".into(),
-                serde_json::to_value(self.latency_signal).unwrap_or_default(),
-            );
-            map.insert(
-                "trust_client_headers".into(),
-                self.trust_client_headers.into(),
-            );
-            map.insert("max_clusters".into(), self.max_clusters.into());
-            map.insert("debug_header".into(), self.debug_header.into());
-            map.insert(
-                "clusters".into(),
-                serde_json::to_value(clusters).unwrap_or_default(),
-            );
-        }
-        root.to_string()
+        serde_json::to_string(&self.effective()).unwrap_or_default()
     }
-}
-
-fn policy_json(p: &ClusterPolicy) -> serde_json::Value {
-    serde_json::json!({
-        "disabled": p.disabled,
-        "percentile": p.percentile,
-        "budget_percent": p.budget_share * 100.0,
-        "budget_burst": p.budget_burst,
-        "min_delay": format_duration(p.min_delay),
-        "max_delay": format_duration(p.max_delay),
-        "max_hedges": p.max_hedges,
-        "min_samples": p.min_samples,
-        "idempotent_methods": p.idempotent_methods,
-        "retry_on": p.retry_on,
-    })
-}
-
-fn quoted(text: &str) -> String {
-    format!("\"{text}\"")
-}
-
-fn duration_field(field: &str, text: &str) -> Result<Duration, ConfigError> {
-    parse_duration(text).map_err(|why| error(field, quoted(text), why))
-}
-
-/// Applies `raw` over `base`; field names in errors carry `prefix`
-/// ("clusters.<name>.") so an override's mistake points at the override.
-fn merge_policy(
-    base: &ClusterPolicy,
-    raw: &RawPolicy,
-    prefix: &str,
-    warnings: &mut Vec<String>,
-) -> Result<ClusterPolicy, ConfigError> {
-    let field = |name: &str| format!("{prefix}{name}");
-    let mut p = base.clone();
-    if let Some(disabled) = raw.disabled {
-        p.disabled = disabled;
-    }
-    if let Some(q) = raw.percentile {
-        if !(q > 0.0 && q < 1.0) {
-            return Err(error(
-                &field("percentile"),
-                q,
-                "must be strictly between 0 and 1 (0.9 = p90)",
-            ));
-        }
-        p.percentile = q;
-    }
-    if let Some(pct) = raw.budget_percent {
-        if !(pct > 0.0 && pct <= 100.0) {
-            return Err(error(
-                &field("budget_percent"),
-                pct,
-                "must be greater than 0 and at most 100",
-            ));
-        }
-        p.budget_share = pct / 100.0;
-    }
-    if let Some(burst) = raw.budget_burst {
-        if !(1.0..=10_000.0).contains(&burst) {
-            return Err(error(
-                &field("budget_burst"),
-                burst,
-                "must be between 1 and 10000 tokens",
-            ));
-        }
-        p.budget_burst = burst;
-    }
-    if let Some(text) = &raw.min_delay {
-        p.min_delay = duration_field(&field("min_delay"), text)?;
-        if p.min_delay < Duration::from_millis(1) {
-            return Err(error(
-                &field("min_delay"),
-                quoted(text),
-                "must be at least 1ms (Envoy's per-try timeout has millisecond resolution)",
-            ));
-        }
-    }
-    if let Some(text) = &raw.max_delay {
-        p.max_delay = duration_field(&field("max_delay"), text)?;
-        if p.max_delay > Duration::from_secs(300) {
-            return Err(error(
-                &field("max_delay"),
-                quoted(text),
-                "must be at most 5m",
-            ));
-        }
-    }
-    if p.min_delay > p.max_delay {
-        let name = if raw.max_delay.is_some() {
-            "max_delay"
-        } else {
-            "min_delay"
-        };
-        return Err(error(
-            &field(name),
-            quoted(&format_duration(if name == "max_delay" {
-                p.max_delay
-            } else {
-                p.min_delay
-            })),
-            format!(
-                "min_delay ({}) must not exceed max_delay ({})",
-                format_duration(p.min_delay),
-                format_duration(p.max_delay)
-            ),
-        ));
-    }
-    if let Some(hedges) = raw.max_hedges {
-        if !(1..=5).contains(&hedges) {
-            return Err(error(
-                &field("max_hedges"),
-                hedges,
-                "must be between 1 and 5 (use \"disabled\": true to turn hedging off)",
-            ));
-        }
-        p.max_hedges = hedges;
-    }
-    if let Some(n) = raw.min_samples {
-        if !(1..=1_000_000).contains(&n) {
-            return Err(error(
-                &field("min_samples"),
-                n,
-                "must be between 1 and 1000000",
-            ));
-        }
-        p.min_samples = n;
-    }
-    if let Some(methods) = &raw.idempotent_methods {
-        if methods.is_empty() {
-            return Err(error(
-                &field("idempotent_methods"),
-                "[]",
-                "must list at least one method (use \"disabled\": true to turn hedging off)",
-            ));
-        }
-        for m in methods {
-            if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(error(
-                    &field("idempotent_methods"),
-                    quoted(m),
-                    "methods are upper-case tokens such as \"GET\"",
-                ));
-            }
-            if m == "CONNECT" {
-                return Err(error(
-                    &field("idempotent_methods"),
-                    quoted(m),
-                    "a CONNECT tunnel cannot be duplicated",
-                ));
-            }
-            if NON_IDEMPOTENT_METHODS.contains(&m.as_str()) {
-                warnings.push(format!(
-                    "{}: {m} is not idempotent in general; hedging it may apply a request twice",
-                    field("idempotent_methods")
-                ));
-            }
-        }
-        p.idempotent_methods = methods.clone();
-    }
-    if let Some(retry_on) = &raw.retry_on {
-        let values: Vec<&str> = retry_on.split(',').map(str::trim).collect();
-        if values.iter().any(|v| !RETRY_ON_VALUES.contains(v)) {
-            return Err(error(
-                &field("retry_on"),
-                quoted(retry_on),
-                format!(
-                    "must be a comma-separated list of Envoy retry-on values ({})",
-                    RETRY_ON_VALUES.join(", ")
-                ),
-            ));
-        }
-        p.retry_on = values.join(",");
-    }
-    Ok(p)
 }
 
 #[cfg(test)]
@@ -605,12 +556,11 @@ mod tests {
         assert_eq!(c.effective_json(), r#"{"role":"upstream"}"#);
         let again = Config::parse(c.effective_json().as_bytes()).unwrap();
         assert_eq!(again.role, Role::Upstream);
-        for field in ["percentile", "latency_signal", "clusters"] {
-            let value = match field {
-                "percentile" => "0.9",
-                "latency_signal" => "\"first_byte\"",
-                _ => "{}",
-            };
+        for (field, value) in [
+            ("percentile", "0.9"),
+            ("latency_signal", "\"first_byte\""),
+            ("clusters", "{}"),
+        ] {
             let e = err(&format!(r#"{{"role": "upstream", "{field}": {value}}}"#));
             assert_eq!(e.field, field);
             assert!(e.rule.contains("not used by the upstream role"), "{e}");
@@ -650,10 +600,11 @@ mod tests {
         for empty in ["", "  \n", "{}"] {
             let c = Config::parse(empty.as_bytes()).unwrap();
             assert_eq!(*c.defaults, ClusterPolicy::default());
-            assert_eq!(c.window, Duration::from_secs(30));
+            assert_eq!(*c.window, Duration::from_secs(30));
             assert_eq!(c.latency_signal, LatencySignal::Headers);
             assert!(!c.trust_client_headers);
             assert_eq!(c.max_clusters, 1000);
+            assert!(c.warnings.is_empty());
         }
     }
 
@@ -662,23 +613,37 @@ mod tests {
         let c = Config::parse(
             br#"{"percentile": 0.95, "budget_percent": 5, "min_delay": "2ms", "max_delay": "2s",
                 "max_hedges": 2, "window": "12s", "min_samples": 50,
-                "idempotent_methods": ["GET"], "retry_on": "5xx,reset",
+                "idempotent_methods": ["GET"], "retry_on": "5xx, reset",
                 "latency_signal": "first_byte", "trust_client_headers": true, "max_clusters": 10,
                 "clusters": {"slow": {"percentile": 0.99}, "off": {"disabled": true}}}"#,
         )
         .unwrap();
         assert_eq!(c.defaults.percentile, 0.95);
-        assert!((c.defaults.budget_share - 0.05).abs() < 1e-12);
+        assert!((c.defaults.budget_share() - 0.05).abs() < 1e-12);
         assert_eq!(c.defaults.max_hedges, 2);
-        assert_eq!(c.defaults.retry_on, "5xx,reset");
+        assert_eq!(&*c.defaults.retry_on, "5xx,reset");
         assert_eq!(c.latency_signal, LatencySignal::FirstByte);
         let slow = c.policy_for("slow");
         assert_eq!(slow.percentile, 0.99);
         // an override inherits everything it does not set
-        assert_eq!(slow.min_delay, Duration::from_millis(2));
+        assert_eq!(*slow.min_delay, Duration::from_millis(2));
         assert!(c.policy_for("off").disabled);
         assert_eq!(c.policy_for("other").percentile, 0.95);
         assert!(c.effective_json().contains("\"percentile\":0.95"));
+    }
+
+    #[test]
+    fn the_effective_config_parses_back_to_itself() {
+        let c = Config::parse(
+            br#"{"percentile": 0.93, "budget_percent": 7.5, "min_delay": "1500us",
+                "window": "12s", "clusters": {"a": {"max_delay": "40ms"}}}"#,
+        )
+        .unwrap();
+        let again = Config::parse(c.effective_json().as_bytes()).unwrap();
+        assert_eq!(again.defaults, c.defaults);
+        assert_eq!(again.clusters, c.clusters);
+        assert_eq!(again.window, c.window);
+        assert_eq!(again.effective_json(), c.effective_json());
     }
 
     #[test]
@@ -694,7 +659,9 @@ mod tests {
             (r#"{"min_delay": "5"}"#, "min_delay"),
             (r#"{"min_delay": "0ms"}"#, "min_delay"),
             (r#"{"max_delay": "fast"}"#, "max_delay"),
+            (r#"{"max_delay": "6m"}"#, "max_delay"),
             (r#"{"min_delay": "50ms", "max_delay": "10ms"}"#, "max_delay"),
+            (r#"{"min_delay": "20s"}"#, "min_delay"),
             (r#"{"max_hedges": 0}"#, "max_hedges"),
             (r#"{"max_hedges": -1}"#, "max_hedges"),
             (r#"{"min_samples": 0}"#, "min_samples"),
@@ -724,6 +691,7 @@ mod tests {
                 r#"{"clusters": {"a": {"min_delay": "30s"}}}"#,
                 "clusters.a.min_delay",
             ),
+            (r#"{"clusters": {"": {}}}"#, "clusters"),
         ];
         for (json, field) in cases {
             let e = err(json);
@@ -750,6 +718,10 @@ mod tests {
             line.contains("min_delay (50ms) must not exceed max_delay (10ms)"),
             "{line}"
         );
+        let line = err(r#"{"idempotent_methods": ["GET", "get"]}"#).to_string();
+        assert!(line.contains("\"get\": methods are upper-case"), "{line}");
+        let line = err(r#"{"min_delay": "5"}"#).to_string();
+        assert!(line.contains("has no unit"), "{line}");
     }
 
     #[test]
@@ -766,7 +738,12 @@ mod tests {
             br#"{"idempotent_methods": ["GET", "POST"], "trust_client_headers": true}"#,
         )
         .unwrap();
-        assert_eq!(c.warnings.len(), 2);
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        let c =
+            Config::parse(br#"{"clusters": {"w": {"idempotent_methods": ["PATCH"]}}}"#).unwrap();
+        assert!(c.warnings[0].starts_with("clusters.w.idempotent_methods"));
+        let c = Config::parse(br#"{"disabled": true}"#).unwrap();
+        assert_eq!(c.warnings.len(), 1);
     }
 
     #[test]
@@ -777,5 +754,46 @@ mod tests {
         assert!(!p.allows_method(b"get"));
         assert!(!p.allows_method(b"POST"));
         assert!(!p.allows_method(b"DELETE"));
+    }
+
+    /// The README's configuration table has one row per setting, each with
+    /// the default the code uses.
+    #[test]
+    fn readme_lists_every_setting_with_its_default() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+        )
+        .unwrap();
+        let rows: Vec<(String, String)> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("| field | default |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (
+                    cells[1].trim_matches('`').to_string(),
+                    cells[2].trim_matches('`').to_string(),
+                )
+            })
+            .collect();
+        let effective: serde_json::Value =
+            serde_json::from_str(&Config::default().effective_json()).unwrap();
+        let fields = effective.as_object().unwrap();
+        let mut got: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+        got.sort();
+        let mut want: Vec<&str> = fields.keys().map(String::as_str).collect();
+        want.sort();
+        assert_eq!(got, want, "README configuration table vs the code");
+        for (name, default) in &rows {
+            let written: serde_json::Value = serde_json::from_str(default)
+                .unwrap_or_else(|e| panic!("README default of {name}: {default}: {e}"));
+            let code = &fields[name.as_str()];
+            let same = match (written.as_f64(), code.as_f64()) {
+                (Some(a), Some(b)) => a == b,
+                _ => &written == code,
+            };
+            assert!(same, "README says {name} = {written}, the code {code}");
+        }
     }
 }

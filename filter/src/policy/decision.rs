@@ -1,110 +1,109 @@
-//! When do we hedge. Everything that decides whether a request gets a hedge,
-//! and after how long, is in this file.
+//! When do we hedge. [`plan`] is the one function that decides: from what is
+//! known of a request when its headers pass the filter (method, upgrade,
+//! which control headers the client sent), the config and the routed
+//! cluster's state, it returns the whole plan: skip (and why) or arm, the
+//! exact request headers to set and to remove, whether to time the response
+//! for a latency sample, and the hedges to settle when the request ends. It
+//! changes nothing; the worker books the plan (counters, budget) and the
+//! proxy glue carries it out.
 //!
-//! - The delay is the cluster's latency quantile (`percentile`, p90 by
-//!   default) over the rolling window, clamped to [`min_delay`, `max_delay`].
-//!   It is computed on the sync tick (`hedge_delay`), never per request.
-//! - A request is armed (`decide`) only if the cluster is not disabled, the
-//!   method is one that is safe to repeat, the window holds `min_samples`
-//!   samples from all workers, and the budget can pay for the hedge even if
-//!   every armed request in flight hedges (see `budget`).
-//! - Arming = Envoy's router headers; Envoy itself races the attempts.
+//! The rules, in order:
+//! - a client that set the control headers itself, where the operator
+//!   trusts clients (`trust_client_headers`), keeps them and is not armed;
+//! - no routed cluster, or a cluster past `max_clusters`: not armed;
+//! - armed only if the cluster is not disabled, the method is one that is
+//!   safe to repeat, the request is not a protocol upgrade, the window holds
+//!   `min_samples` samples from all workers, and the budget can pay for a
+//!   hedge even if every armed request in flight hedges (see `budget`);
+//! - every client-sent control header and first-byte marker of a request
+//!   that is not armed is removed: a client never switches hedging on.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use super::budget::{micro_tokens, BudgetTerms, LocalBudget};
-use super::config::ClusterPolicy;
-use super::sketch::Sketch;
+use super::budget::LocalBudget;
+use super::config::{ClusterPolicy, Config, LatencySignal};
+use super::hedge_delay::HedgeDelay;
+use crate::headers::{
+    FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_ON,
+};
 
-/// The learned hedge delay of a cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HedgeDelay {
-    /// The delay before clamping would round to this; kept for the gauge.
-    pub delay_us: u64,
-    /// What goes into `x-envoy-upstream-rq-per-try-timeout-ms` (rounded up).
-    pub per_try_timeout_ms: u64,
+/// What the filter reads from a request's headers (one host call; see
+/// `header_pairs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub method: &'a [u8],
+    /// An `upgrade` header (WebSocket, h2c): the request opens a connection.
+    pub upgrade: bool,
+    /// The client sent at least one router control header.
+    pub client_controls: bool,
+    /// The client sent the first-byte marker.
+    pub client_marker: bool,
 }
 
-/// The delay to arm requests with; `None` while the window holds fewer than
-/// `min_samples` (still warming up).
-///
-/// It is the larger of the quantile over the whole window and the quantile
-/// over its most recent slices (`recent`, once they hold `min_samples`
-/// themselves). Why the larger: when latency shifts up, the window's older,
-/// faster samples hold its quantile low for most of a window, so nearly
-/// every request outlives the delay, the budget runs dry on whichever come
-/// first, and the real stragglers go unhedged. The recent quantile follows
-/// the shift within a slice. When latency shifts down, the window forgets the
-/// slow samples in one window; meanwhile the delay errs high, which costs
-/// some tail but never extra load.
-pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch, recent: &Sketch) -> Option<HedgeDelay> {
-    if window.count() < policy.min_samples {
-        return None;
-    }
-    let trigger = trigger_quantile(policy);
-    let mut quantile_us = window.quantile(trigger)?;
-    if recent.count() >= policy.min_samples {
-        if let Some(recent_us) = recent.quantile(trigger) {
-            quantile_us = quantile_us.max(recent_us);
-        }
-    }
-    let min_us = policy.min_delay.as_micros() as f64;
-    let max_us = policy.max_delay.as_micros() as f64;
-    let delay_us = quantile_us.clamp(min_us, max_us).round() as u64;
-    let per_try_timeout_ms = Duration::from_micros(delay_us)
-        .as_micros()
-        .div_ceil(1000)
-        .max(1) as u64;
-    Some(HedgeDelay {
-        delay_us,
-        per_try_timeout_ms,
-    })
+impl Request<'_> {
+    /// What to assume when the headers cannot be read: the method is unknown
+    /// (so the request is not armed) and the client may have sent anything
+    /// (so everything is removed). The safe side of both.
+    pub const UNREADABLE: Request<'static> = Request {
+        method: b"",
+        upgrade: false,
+        client_controls: true,
+        client_marker: true,
+    };
 }
 
-/// Of the budget, the share the delay plans to spend (see `trigger_quantile`).
-pub const PLANNED_BUDGET_SHARE: f64 = 0.8;
+/// A cluster handle the HTTP context keeps between callbacks.
+pub type ClusterId = usize;
 
-/// The quantile the delay is taken at: `percentile`, or higher when the
-/// budget cannot pay for that many hedges. Why: hedging after the p90 plans a
-/// hedge for 10% of requests; with a 10% budget, demand and supply are equal,
-/// the token balance random-walks to zero under ordinary noise, and the
-/// refusals then fall on random requests, stragglers included (on real Envoy
-/// this cost more p99 than a static delay at the same load). Planning to
-/// spend at most 80% of the budget keeps refusals rare: with the defaults
-/// (p90, 10%) the delay is the p92.
-pub fn trigger_quantile(policy: &ClusterPolicy) -> f64 {
-    let affordable = 1.0 - PLANNED_BUDGET_SHARE * policy.budget_share;
-    policy.percentile.max(affordable).min(1.0)
+/// The routed cluster as the worker knows it when the request arrives.
+#[derive(Clone, Copy, Debug)]
+pub enum Cluster<'a> {
+    /// No routed cluster (direct response, redirect, no route).
+    None,
+    /// Past `max_clusters`: not tracked.
+    Untracked,
+    Tracked(ClusterView<'a>),
 }
 
-/// The least an armed request sets aside (a twentieth of a token), for
-/// very high percentiles.
-const MIN_SET_ASIDE: f64 = 0.05;
-
-/// A cluster's budget terms, derived once when the cluster is first seen.
-/// An armed request sets aside per hedge the share of requests expected to
-/// outlive the delay (see `budget`).
-pub fn budget_terms(policy: &ClusterPolicy) -> BudgetTerms {
-    BudgetTerms {
-        share: micro_tokens(policy.budget_share),
-        burst: micro_tokens(policy.budget_burst),
-        set_aside: micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE)),
-    }
+#[derive(Clone, Copy, Debug)]
+pub struct ClusterView<'a> {
+    pub id: ClusterId,
+    pub policy: &'a ClusterPolicy,
+    /// Cached on the tick; `None` while warming up.
+    pub delay: Option<HedgeDelay>,
+    pub budget: &'a LocalBudget,
+    /// This tick still has a latency sample slot for the cluster.
+    pub sample_slot: bool,
 }
 
-/// What to do with one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Everything the filter does with one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub decision: Decision,
+    /// Client-sent headers to remove.
+    pub strip: Strip,
+    /// The tracked cluster the request counts for.
+    pub cluster: Option<ClusterId>,
+    /// Time the response: a latency sample for the cluster's window.
+    pub sample: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    Arm(Hedge),
+    Arm(Arming),
     Skip(Skip),
 }
 
-/// The router headers of an armed request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hedge {
+/// An armed request: Envoy's router races the attempts and cancels losers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arming {
+    /// The hedge delay, in the router's millisecond resolution.
     pub per_try_timeout_ms: u64,
-    /// `x-envoy-max-retries`: hedges paid for (at most `max_hedges`).
+    /// Hedges paid for (at most `max_hedges`): `x-envoy-max-retries`.
     pub hedges: u32,
+    pub retry_on: Arc<str>,
+    /// Mark the request for the upstream role's first-byte hold.
+    pub first_byte_marker: bool,
 }
 
 /// Why a request was not armed.
@@ -124,6 +123,87 @@ pub enum Skip {
     /// The client set the control headers itself and `trust_client_headers` is on.
     ClientControlled,
     BudgetExhausted,
+}
+
+/// Which client-sent request headers to remove.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strip {
+    /// Every router control header (`headers::CONTROL_HEADERS`).
+    pub control: bool,
+    pub marker: bool,
+}
+
+impl Strip {
+    /// Everything: what is left to do when arming failed half-way.
+    pub const ALL: Strip = Strip {
+        control: true,
+        marker: true,
+    };
+}
+
+/// The hedges of an armed request, settled when it ends: those Envoy did not
+/// send go back to the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    pub cluster: ClusterId,
+    pub hedges: u32,
+}
+
+/// A request header value to set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderValue<'a> {
+    Text(&'a str),
+    Number(u64),
+}
+
+impl HeaderValue<'_> {
+    /// The value's bytes; a number is written in decimal into `buf`
+    /// (nothing allocated on the request path).
+    pub fn bytes<'b>(&'b self, buf: &'b mut [u8; 20]) -> &'b [u8] {
+        match self {
+            HeaderValue::Text(text) => text.as_bytes(),
+            HeaderValue::Number(n) => decimal(*n, buf),
+        }
+    }
+}
+
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        if let Some(d) = buf.get_mut(start) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or_default()
+}
+
+impl Arming {
+    /// The request headers that arm Envoy's hedging, in the order to set
+    /// them: the per-try timeout (the trigger) last, so that if a write
+    /// fails, no header is left that could turn the timeout into a plain
+    /// retry that cancels the first attempt. `x-envoy-retry-grpc-on` is left
+    /// alone: whatever a client adds to it, Envoy makes at most the
+    /// `max-retries` attempts set here, which the budget has paid for.
+    pub fn headers(&self) -> impl Iterator<Item = (&'static str, HeaderValue<'_>)> {
+        let marker = self
+            .first_byte_marker
+            .then_some((FIRST_BYTE_MARKER, HeaderValue::Text("1")));
+        marker.into_iter().chain([
+            // exactly "true": other spellings silently mean a plain retry
+            (HEDGE_ON_PER_TRY_TIMEOUT, HeaderValue::Text("true")),
+            (MAX_RETRIES, HeaderValue::Number(u64::from(self.hedges))),
+            (RETRY_ON, HeaderValue::Text(&self.retry_on)),
+            (
+                PER_TRY_TIMEOUT,
+                HeaderValue::Number(self.per_try_timeout_ms),
+            ),
+        ])
+    }
 }
 
 impl Skip {
@@ -146,43 +226,111 @@ impl Decision {
     /// or `skipped; reason=warming_up`.
     pub fn describe(&self) -> String {
         match self {
-            Decision::Arm(h) => format!(
+            Decision::Arm(a) => format!(
                 "armed; delay_ms={}; hedges={}",
-                h.per_try_timeout_ms, h.hedges
+                a.per_try_timeout_ms, a.hedges
             ),
             Decision::Skip(s) => format!("skipped; reason={}", s.as_str()),
         }
     }
 }
 
-/// Decides one request. Reserves budget tokens when it arms. `upgrade`: the
-/// request asks to switch protocols (an `upgrade` header: WebSocket, h2c).
-pub fn decide(
-    policy: &ClusterPolicy,
-    delay: Option<HedgeDelay>,
-    method: &[u8],
-    upgrade: bool,
-    budget: &mut LocalBudget,
-) -> Decision {
+impl Plan {
+    /// What to settle when the request ends, if it was armed.
+    pub fn settlement(&self) -> Option<Settlement> {
+        match (&self.decision, self.cluster) {
+            (Decision::Arm(a), Some(cluster)) => Some(Settlement {
+                cluster,
+                hedges: a.hedges,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Decides one request. Pure: the worker books what it returns.
+pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
+    let tracked = match cluster {
+        Cluster::Tracked(view) => Some(view),
+        Cluster::None | Cluster::Untracked => None,
+    };
+    let id = tracked.map(|view| view.id);
+    if config.trust_client_headers && request.client_controls {
+        // The operator trusts clients and this one chose for itself: its
+        // headers stay, and its latency (shaped by its own retries) is not
+        // a sample of the cluster.
+        return Plan {
+            decision: Decision::Skip(Skip::ClientControlled),
+            strip: Strip::default(),
+            cluster: id,
+            sample: false,
+        };
+    }
+    let decision = match cluster {
+        Cluster::None => Decision::Skip(Skip::NoCluster),
+        Cluster::Untracked => Decision::Skip(Skip::Untracked),
+        Cluster::Tracked(view) => decide(request, config, &view),
+    };
+    let strip = match &decision {
+        // The armed headers replace the client's; a client's marker goes
+        // unless this request is marked anyway.
+        Decision::Arm(a) => Strip {
+            control: false,
+            marker: request.client_marker && !a.first_byte_marker,
+        },
+        // Removing only what is present saves a host call per header.
+        Decision::Skip(_) => Strip {
+            control: request.client_controls,
+            marker: request.client_marker,
+        },
+    };
+    Plan {
+        decision,
+        strip,
+        cluster: id,
+        // A sample costs three host calls (two clocks, the response's
+        // origin); past a few hundred per tick the quantile gains nothing.
+        sample: tracked.is_some_and(|view| view.sample_slot),
+    }
+}
+
+/// The plan for a request no worker can plan (the filter has no worker, or
+/// it is busy): not armed, and the client's control headers removed.
+pub fn unplanned(request: &Request) -> Plan {
+    Plan {
+        decision: Decision::Skip(Skip::NoCluster),
+        strip: Strip {
+            control: request.client_controls,
+            marker: request.client_marker,
+        },
+        cluster: None,
+        sample: false,
+    }
+}
+
+fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision {
+    let policy = cluster.policy;
     if policy.disabled {
         return Decision::Skip(Skip::Disabled);
     }
-    if !policy.allows_method(method) {
+    if !policy.allows_method(request.method) {
         return Decision::Skip(Skip::Method);
     }
     // A GET that becomes a WebSocket is a connection, not a request: a
     // second attempt would open a second session with its own state.
-    if upgrade {
+    if request.upgrade {
         return Decision::Skip(Skip::Upgrade);
     }
-    let Some(delay) = delay else {
+    let Some(delay) = cluster.delay else {
         return Decision::Skip(Skip::WarmingUp);
     };
-    match budget.reserve(policy.max_hedges) {
+    match cluster.budget.affordable(policy.max_hedges) {
         0 => Decision::Skip(Skip::BudgetExhausted),
-        hedges => Decision::Arm(Hedge {
+        hedges => Decision::Arm(Arming {
             per_try_timeout_ms: delay.per_try_timeout_ms,
             hedges,
+            retry_on: Arc::clone(&policy.retry_on),
+            first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
         }),
     }
 }
@@ -190,191 +338,226 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::hedge_delay::budget_terms;
 
-    fn window_of(values_us: &[f64]) -> Sketch {
-        let mut s = Sketch::new();
-        for &v in values_us {
-            s.add(v);
-        }
-        s
-    }
-
-    fn funded() -> LocalBudget {
-        let mut b = LocalBudget::new(budget_terms(&ClusterPolicy::default()));
+    fn funded(policy: &ClusterPolicy) -> LocalBudget {
+        let mut b = LocalBudget::new(budget_terms(policy));
         for _ in 0..100 {
             b.earn();
         }
         b
     }
 
-    /// A budget that affords the configured percentile as it is.
-    const ROOMY: f64 = 0.5;
+    const DELAY: Option<HedgeDelay> = Some(HedgeDelay {
+        delay_us: 7200,
+        per_try_timeout_ms: 8,
+    });
 
-    #[test]
-    fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
-        let policy = ClusterPolicy {
-            min_samples: 10,
-            budget_share: ROOMY,
-            ..Default::default()
-        };
-        let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
-        assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
-        assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
+    const GET: Request = Request {
+        method: b"GET",
+        upgrade: false,
+        client_controls: false,
+        client_marker: false,
+    };
 
-        let tight = ClusterPolicy {
-            min_samples: 10,
-            budget_share: ROOMY,
-            max_delay: Duration::from_millis(3),
-            ..Default::default()
+    /// Plans `request` for a tracked cluster with `policy`, `delay` and
+    /// `budget` under `config`.
+    fn plan_for(
+        request: &Request,
+        config: &Config,
+        policy: &ClusterPolicy,
+        delay: Option<HedgeDelay>,
+        budget: &LocalBudget,
+    ) -> Plan {
+        let view = ClusterView {
+            id: 3,
+            policy,
+            delay,
+            budget,
+            sample_slot: true,
         };
-        assert_eq!(
-            hedge_delay(&tight, &window_of(&values), &Sketch::new())
-                .unwrap()
-                .per_try_timeout_ms,
-            3
-        );
-        let floor = ClusterPolicy {
-            min_samples: 10,
-            budget_share: ROOMY,
-            min_delay: Duration::from_millis(20),
-            ..Default::default()
-        };
-        assert_eq!(
-            hedge_delay(&floor, &window_of(&values), &Sketch::new())
-                .unwrap()
-                .per_try_timeout_ms,
-            20
-        );
+        plan(request, config, Cluster::Tracked(view))
     }
 
-    #[test]
-    fn recent_slices_raise_the_delay_but_never_lower_it() {
-        let policy = ClusterPolicy {
-            min_samples: 50,
-            budget_share: ROOMY,
-            ..Default::default()
-        };
-        let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p90 9 ms
-        let slow: Vec<f64> = (1..=100).map(|i| i as f64 * 300.0).collect(); // p90 27 ms
-        let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
-        let mut window = window_of(&old);
-        window.merge(&window_of(&slow));
-        let up = hedge_delay(&policy, &window, &window_of(&slow))
-            .unwrap()
-            .delay_us as f64;
-        assert!(
-            (up / 27_000.0 - 1.0).abs() < 0.02,
-            "follows the shift up at once: {up}"
-        );
-        let mut window = window_of(&old);
-        window.merge(&window_of(&fast));
-        let down = hedge_delay(&policy, &window, &window_of(&fast))
-            .unwrap()
-            .delay_us as f64;
-        assert!(down > 8_000.0, "a shift down waits for the window: {down}");
-        // too few recent samples: ignored
-        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]))
-            .unwrap()
-            .delay_us as f64;
-        assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
-    }
-
-    #[test]
-    fn the_delay_plans_to_spend_at_most_80_percent_of_the_budget() {
-        let at = |percentile, budget_share| {
-            trigger_quantile(&ClusterPolicy {
-                percentile,
-                budget_share,
-                ..Default::default()
-            })
-        };
-        // p90 with a 10% budget would plan to spend all of it: p92.
-        assert!((at(0.9, 0.10) - 0.92).abs() < 1e-9);
-        assert!((at(0.9, 0.05) - 0.96).abs() < 1e-9);
-        // A budget that affords the percentile leaves it alone.
-        assert!((at(0.95, 0.10) - 0.95).abs() < 1e-9);
-        assert!((at(0.9, 0.5) - 0.9).abs() < 1e-9);
-        assert!((at(0.5, 0.0) - 1.0).abs() < 1e-9);
-
-        // Defaults, 0.1..10 ms uniform: the delay is the p92.
-        let policy = ClusterPolicy {
-            min_samples: 10,
-            ..Default::default()
-        };
-        let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
-        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
-        assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
-    }
-
-    #[test]
-    fn warming_up_until_min_samples() {
-        let policy = ClusterPolicy {
-            min_samples: 100,
-            ..Default::default()
-        };
-        assert_eq!(
-            hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new()),
-            None
-        );
-        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new()).is_some());
-        let mut b = funded();
-        assert_eq!(
-            decide(&policy, None, b"GET", false, &mut b),
-            Decision::Skip(Skip::WarmingUp)
-        );
-    }
-
-    #[test]
-    fn arms_idempotent_methods_only() {
+    fn with_defaults(request: &Request) -> Plan {
         let policy = ClusterPolicy::default();
-        let delay = Some(HedgeDelay {
-            delay_us: 7200,
-            per_try_timeout_ms: 8,
-        });
-        let mut b = funded();
+        plan_for(
+            request,
+            &Config::default(),
+            &policy,
+            DELAY,
+            &funded(&policy),
+        )
+    }
+
+    /// The headers a plan sets, as text.
+    fn set(plan: &Plan) -> Vec<(String, String)> {
+        let Decision::Arm(a) = &plan.decision else {
+            return Vec::new();
+        };
+        a.headers()
+            .map(|(name, value)| {
+                let mut buf = [0u8; 20];
+                let bytes = value.bytes(&mut buf).to_vec();
+                (name.to_string(), String::from_utf8(bytes).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_armed_get_sets_the_four_router_headers_trigger_last() {
+        let p = with_defaults(&GET);
         assert_eq!(
-            decide(&policy, delay, b"GET", false, &mut b),
-            Decision::Arm(Hedge {
-                per_try_timeout_ms: 8,
+            set(&p),
+            [
+                ("x-envoy-hedge-on-per-try-timeout", "true"),
+                ("x-envoy-max-retries", "1"),
+                ("x-envoy-retry-on", "5xx"),
+                ("x-envoy-upstream-rq-per-try-timeout-ms", "8"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        assert_eq!(p.strip, Strip::default());
+        assert_eq!(p.cluster, Some(3));
+        assert!(p.sample);
+        assert_eq!(
+            p.settlement(),
+            Some(Settlement {
+                cluster: 3,
                 hedges: 1
             })
         );
+        assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");
+    }
+
+    #[test]
+    fn first_byte_mode_marks_armed_requests_first() {
+        let config = Config::parse(br#"{"latency_signal": "first_byte"}"#).unwrap();
+        let policy = ClusterPolicy::default();
+        let marked_by_client = Request {
+            client_marker: true,
+            ..GET
+        };
+        let p = plan_for(&marked_by_client, &config, &policy, DELAY, &funded(&policy));
+        let headers = set(&p);
+        assert_eq!(headers[0], (FIRST_BYTE_MARKER.to_string(), "1".to_string()));
+        assert_eq!(headers.len(), 5);
+        assert!(!p.strip.marker, "overwritten, not removed");
+        // in headers mode an armed request carries no marker, the client's included
+        let p = with_defaults(&marked_by_client);
+        assert!(set(&p).iter().all(|(n, _)| n != FIRST_BYTE_MARKER));
+        assert!(p.strip.marker);
+    }
+
+    #[test]
+    fn only_idempotent_requests_are_armed() {
+        for method in [&b"POST"[..], b"PUT", b"PATCH", b"DELETE", b"CONNECT", b""] {
+            let p = with_defaults(&Request { method, ..GET });
+            assert_eq!(p.decision, Decision::Skip(Skip::Method));
+            assert!(set(&p).is_empty());
+            assert!(p.sample, "its latency is still a sample");
+            assert_eq!(p.settlement(), None);
+        }
+        let websocket = Request {
+            upgrade: true,
+            ..GET
+        };
         assert_eq!(
-            decide(&policy, delay, b"GET", true, &mut b),
+            with_defaults(&websocket).decision,
             Decision::Skip(Skip::Upgrade),
             "a WebSocket upgrade is a connection: never duplicated"
         );
-        for m in [&b"POST"[..], b"PUT", b"PATCH", b"DELETE", b"CONNECT", b""] {
-            assert_eq!(
-                decide(&policy, delay, m, false, &mut b),
-                Decision::Skip(Skip::Method)
-            );
-        }
         let off = ClusterPolicy {
             disabled: true,
             ..Default::default()
         };
-        assert_eq!(
-            decide(&off, delay, b"GET", false, &mut b),
-            Decision::Skip(Skip::Disabled)
-        );
+        let p = plan_for(&GET, &Config::default(), &off, DELAY, &funded(&off));
+        assert_eq!(p.decision, Decision::Skip(Skip::Disabled));
     }
 
     #[test]
-    fn debug_header_values() {
-        assert_eq!(
-            Decision::Arm(Hedge {
-                per_try_timeout_ms: 7,
-                hedges: 1
-            })
-            .describe(),
-            "armed; delay_ms=7; hedges=1"
-        );
-        assert_eq!(
-            Decision::Skip(Skip::WarmingUp).describe(),
-            "skipped; reason=warming_up"
-        );
+    fn skipped_requests_lose_whatever_control_headers_the_client_sent() {
+        let hostile = Request {
+            method: b"POST",
+            client_controls: true,
+            client_marker: true,
+            ..GET
+        };
+        assert_eq!(with_defaults(&hostile).strip, Strip::ALL);
+        // nothing sent, nothing to remove (saves the host calls)
+        let plain = Request {
+            method: b"POST",
+            ..GET
+        };
+        assert_eq!(with_defaults(&plain).strip, Strip::default());
+        // armed: the router headers are overwritten, not removed
+        let armed = with_defaults(&Request {
+            client_controls: true,
+            ..GET
+        });
+        assert!(matches!(armed.decision, Decision::Arm(_)));
+        assert!(!armed.strip.control);
+        // unreadable headers: not armed, everything removed
+        let p = with_defaults(&Request::UNREADABLE);
+        assert_eq!(p.decision, Decision::Skip(Skip::Method));
+        assert_eq!(p.strip, Strip::ALL);
+    }
+
+    #[test]
+    fn no_cluster_or_untracked_is_never_armed_and_never_sampled() {
+        let hostile = Request {
+            client_controls: true,
+            ..GET
+        };
+        for (cluster, reason) in [
+            (Cluster::None, Skip::NoCluster),
+            (Cluster::Untracked, Skip::Untracked),
+        ] {
+            let p = plan(&hostile, &Config::default(), cluster);
+            assert_eq!(p.decision, Decision::Skip(reason));
+            assert_eq!(p.cluster, None);
+            assert!(!p.sample);
+            assert!(p.strip.control);
+        }
+    }
+
+    #[test]
+    fn a_trusted_client_keeps_its_headers_and_is_not_armed() {
+        let config = Config::parse(br#"{"trust_client_headers": true}"#).unwrap();
+        let policy = ClusterPolicy::default();
+        let own = Request {
+            client_controls: true,
+            client_marker: true,
+            ..GET
+        };
+        let p = plan_for(&own, &config, &policy, DELAY, &funded(&policy));
+        assert_eq!(p.decision, Decision::Skip(Skip::ClientControlled));
+        assert_eq!(p.strip, Strip::default());
+        assert!(!p.sample);
+        assert_eq!(p.cluster, Some(3), "still counted for its cluster");
+        // a trusted client that sent nothing is armed as usual
+        let p = plan_for(&GET, &config, &policy, DELAY, &funded(&policy));
+        assert!(matches!(p.decision, Decision::Arm(_)));
+    }
+
+    #[test]
+    fn warming_up_and_sample_slots() {
+        let policy = ClusterPolicy::default();
+        let budget = funded(&policy);
+        let p = plan_for(&GET, &Config::default(), &policy, None, &budget);
+        assert_eq!(p.decision, Decision::Skip(Skip::WarmingUp));
+        assert_eq!(p.decision.describe(), "skipped; reason=warming_up");
+        assert!(p.sample);
+        let view = ClusterView {
+            id: 0,
+            policy: &policy,
+            delay: DELAY,
+            budget: &budget,
+            sample_slot: false,
+        };
+        let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
+        assert!(!p.sample, "no slot left this tick");
+        assert!(matches!(p.decision, Decision::Arm(_)));
     }
 
     #[test]
@@ -383,25 +566,31 @@ mod tests {
             max_hedges: 3,
             ..Default::default()
         };
+        let mut b = LocalBudget::new(budget_terms(&policy));
         let delay = Some(HedgeDelay {
             delay_us: 1000,
             per_try_timeout_ms: 1,
         });
-        let mut b = LocalBudget::new(budget_terms(&policy));
-        assert_eq!(
-            decide(&policy, delay, b"GET", false, &mut b),
-            Decision::Skip(Skip::BudgetExhausted)
-        );
+        let p = plan_for(&GET, &Config::default(), &policy, delay, &b);
+        assert_eq!(p.decision, Decision::Skip(Skip::BudgetExhausted));
+        assert_eq!(p.settlement(), None);
         for _ in 0..25 {
             b.earn();
         }
         // 2.5 tokens: two of the three hedges are paid for
-        assert_eq!(
-            decide(&policy, delay, b"GET", false, &mut b),
-            Decision::Arm(Hedge {
-                per_try_timeout_ms: 1,
-                hedges: 2
-            })
-        );
+        let p = plan_for(&GET, &Config::default(), &policy, delay, &b);
+        assert_eq!(set(&p)[1], ("x-envoy-max-retries".into(), "2".into()));
+        assert_eq!(p.settlement().map(|s| s.hedges), Some(2));
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 12_345, u64::MAX] {
+            assert_eq!(
+                HeaderValue::Number(n).bytes(&mut buf),
+                n.to_string().as_bytes()
+            );
+        }
     }
 }

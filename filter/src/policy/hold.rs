@@ -14,11 +14,7 @@
 //! whether hedging is armed). The marker stays on the request: the header
 //! map is shared by every attempt, and a later attempt must still see it.
 
-use super::worker::{define_all, Level, Logger, MetricsSink};
-
-/// Request header the downstream role sets on the requests it arms when
-/// `latency_signal` is `first_byte`; removed from anything a client sends.
-pub const FIRST_BYTE_MARKER: &str = "x-adaptive-hedge-first-byte";
+use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
 
 /// Holding is only right for a marked attempt whose response is a 2xx with a
 /// body still to come:
@@ -33,54 +29,43 @@ pub fn should_hold(marked: bool, status: Option<&[u8]>, end_stream: bool) -> boo
 /// role says it looks misconfigured.
 pub const STUCK_AFTER_MS: u64 = 5_000;
 
-pub const HOLD_COUNTERS: [&str; 3] = [
-    "first_byte_holds_total",
-    "first_byte_releases_total",
-    "first_byte_held_ended_total",
-];
+metric_set! {
+    /// The upstream role's counters (worker-wide: `adaptive_hedge.<metric>`).
+    pub enum HoldMetric {
+        Holds = ("first_byte_holds_total", Counter),
+        /// Held headers released by a first byte, an end of stream or trailers.
+        Releases = ("first_byte_releases_total", Counter),
+        /// Attempts that ended while held: hedge losers cancelled by the
+        /// router, resets, timeouts.
+        HeldEnded = ("first_byte_held_ended_total", Counter),
+    }
+}
 
 /// What the upstream role did on this VM (its HTTP contexts count, the root
 /// context flushes on the tick).
 #[derive(Debug, Default)]
 pub struct HoldStats {
-    /// Since the last flush: holds, releases, attempts that ended while held
-    /// (hedge losers cancelled by the router, resets, timeouts).
-    counts: [u64; 3],
-    held_now: u64,
+    metrics: MetricTable<HoldMetric>,
     held_ever: bool,
     released_ever: bool,
     first_hold_ms: Option<u64>,
     warned: bool,
-    metric_ids: Option<[u32; 3]>,
 }
 
 impl HoldStats {
     pub fn on_hold(&mut self) {
-        self.held_now += 1;
         self.held_ever = true;
-        self.bump(0);
+        self.metrics.add(HoldMetric::Holds, 1);
     }
 
     pub fn on_release(&mut self) {
-        self.held_now = self.held_now.saturating_sub(1);
         self.released_ever = true;
-        self.bump(1);
+        self.metrics.add(HoldMetric::Releases, 1);
     }
 
     /// The attempt ended with its headers still held.
     pub fn on_end_held(&mut self) {
-        self.held_now = self.held_now.saturating_sub(1);
-        self.bump(2);
-    }
-
-    pub fn held_now(&self) -> u64 {
-        self.held_now
-    }
-
-    fn bump(&mut self, i: usize) {
-        if let Some(n) = self.counts.get_mut(i) {
-            *n += 1;
-        }
+        self.metrics.add(HoldMetric::HeldEnded, 1);
     }
 
     /// On the tick. Without `allow_on_headers_stop_iteration: true` in the
@@ -109,22 +94,14 @@ impl HoldStats {
     }
 
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
-        if self.metric_ids.is_none() {
-            self.metric_ids = define_all(sink, &HOLD_COUNTERS, &[], None);
-        }
-        let Some(ids) = self.metric_ids else { return };
-        for (id, n) in ids.iter().zip(self.counts.iter_mut()) {
-            if *n > 0 {
-                sink.add(*id, std::mem::take(n));
-            }
-        }
+        self.metrics.flush(sink, None, |_| None);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::worker::MetricKind;
+    use crate::telemetry::memory::{Lines, Stats};
 
     #[test]
     fn holds_only_marked_2xx_with_a_body_to_come() {
@@ -150,14 +127,6 @@ mod tests {
             assert!(!should_hold(true, Some(status), false), "{status:?}");
         }
         assert!(!should_hold(true, None, false));
-    }
-
-    #[derive(Default)]
-    struct Lines(Vec<String>);
-    impl Logger for Lines {
-        fn log(&mut self, _: Level, message: &str) {
-            self.0.push(message.to_string());
-        }
     }
 
     #[test]
@@ -187,26 +156,12 @@ mod tests {
         stats.on_hold(); // a slow first byte, later
         stats.check(10 * STUCK_AFTER_MS, &mut log);
         assert!(log.0.is_empty());
-        assert_eq!(stats.held_now(), 1);
-    }
-
-    #[derive(Default)]
-    struct Sink(Vec<(String, u64)>);
-    impl MetricsSink for Sink {
-        fn define(&mut self, name: &str, _: MetricKind) -> Option<u32> {
-            self.0.push((name.to_string(), 0));
-            Some(self.0.len() as u32 - 1)
-        }
-        fn add(&mut self, id: u32, delta: u64) {
-            self.0[id as usize].1 += delta;
-        }
-        fn set(&mut self, _: u32, _: u64) {}
     }
 
     #[test]
     fn counters_flush_as_deltas() {
         let mut stats = HoldStats::default();
-        let mut sink = Sink::default();
+        let mut sink = Stats::default();
         stats.on_hold();
         stats.on_hold();
         stats.on_release();
@@ -214,14 +169,9 @@ mod tests {
         stats.flush_metrics(&mut sink);
         stats.on_hold();
         stats.flush_metrics(&mut sink);
-        assert_eq!(
-            sink.0,
-            vec![
-                ("adaptive_hedge.first_byte_holds_total".into(), 3),
-                ("adaptive_hedge.first_byte_releases_total".into(), 1),
-                ("adaptive_hedge.first_byte_held_ended_total".into(), 1),
-            ]
-        );
-        assert_eq!(stats.held_now(), 1);
+        let get = |name: &str| sink.get(&format!("adaptive_hedge.{name}"));
+        assert_eq!(get("first_byte_holds_total"), Some(3));
+        assert_eq!(get("first_byte_releases_total"), Some(1));
+        assert_eq!(get("first_byte_held_ended_total"), Some(1));
     }
 }

@@ -1,21 +1,28 @@
-//! One Envoy worker's view of the clusters it routes to. The HTTP context
-//! calls `on_request` / `on_response` / `on_complete` (no shared memory, no
-//! host calls); the root context calls `sync` on every tick, which merges this
-//! worker's samples and budget into shared memory and refreshes the cached
-//! hedge delays from the window all workers fill together.
+//! One Envoy worker's view of the clusters it routes to. Per request, the
+//! HTTP context asks for a [`Plan`] (`Worker::plan`: find the cluster, earn
+//! budget, `decision::plan`, book what it returns), reports the response's
+//! latency (`on_response`) and settles the hedges when the request ends
+//! (`settle`): no shared memory, no host calls. On every tick the root
+//! context calls `sync`, which merges this worker's samples and budget into
+//! shared memory and refreshes the cached hedge delays from the window all
+//! workers fill together.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
-use super::decision::{budget_terms, decide, hedge_delay, Decision, HedgeDelay, Skip};
+use super::decision::{
+    self, Cluster, ClusterId, ClusterView, Decision, Plan, Request, Settlement, Skip,
+};
+use super::hedge_delay::{budget_terms, hedge_delay, HedgeDelay};
 use super::shared_state::{
-    cluster_key, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY, MAX_CLUSTER_NAME,
-    REGISTRY_KEY,
+    cluster_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY,
+    MAX_CLUSTER_NAME, REGISTRY_KEY,
 };
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
+use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
 
 /// Compare-and-swap attempts per value per tick before leaving the work to
 /// the next tick (contention is between a handful of workers).
@@ -31,69 +38,35 @@ const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
 /// a tick says nothing about how long it takes.
 pub const SAMPLES_PER_TICK: u32 = 256;
 
-/// Slices that make up the "recent" quantile (see `decision::hedge_delay`).
+/// Slices that make up the "recent" quantile (see `hedge_delay`).
 const RECENT_SLICES: u64 = 2;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Info,
-    Warn,
-    Error,
+metric_set! {
+    /// Per cluster: `adaptive_hedge.<metric>.<cluster>`.
+    pub enum ClusterMetric {
+        Requests = ("requests_total", Counter),
+        HedgesArmed = ("hedges_armed_total", Counter),
+        HedgesSent = ("hedges_sent_total", Counter),
+        /// Hedges armed and paid for but not sent (the request ended first).
+        HedgesRefunded = ("hedges_refunded_total", Counter),
+        BudgetExhausted = ("budget_exhausted_total", Counter),
+        Ineligible = ("ineligible_total", Counter),
+        HedgeDelayUs = ("hedge_delay_us", Gauge),
+        WindowSamples = ("window_samples", Gauge),
+    }
 }
 
-pub trait Logger {
-    fn log(&mut self, level: Level, message: &str);
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetricKind {
-    Counter,
-    Gauge,
-}
-
-/// Envoy stats as the worker sees them (`define_metric` & co).
-pub trait MetricsSink {
-    fn define(&mut self, name: &str, kind: MetricKind) -> Option<u32>;
-    fn add(&mut self, id: u32, delta: u64);
-    fn set(&mut self, id: u32, value: u64);
-}
-
-/// Counts since the last metrics flush.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClusterCounters {
-    pub requests: u64,
-    pub hedges_armed: u64,
-    pub hedges_sent: u64,
-    /// Hedges armed and paid for but not sent (the request ended first).
-    pub hedges_refunded: u64,
-    pub budget_exhausted: u64,
-    pub ineligible: u64,
-}
-
-/// Per-cluster metric names: `adaptive_hedge.<metric>.<cluster>`; the
-/// Envoy config's `stats_tags` turns the suffix into a `cluster` label.
-pub const CLUSTER_COUNTERS: [&str; 6] = [
-    "requests_total",
-    "hedges_armed_total",
-    "hedges_sent_total",
-    "hedges_refunded_total",
-    "budget_exhausted_total",
-    "ineligible_total",
-];
-pub const CLUSTER_GAUGES: [&str; 2] = ["hedge_delay_us", "window_samples"];
-/// Worker-wide counters.
-/// Worker-wide gauges: the bytes of the cluster values in shared memory,
-/// as this worker last read or wrote them.
-pub const GLOBAL_GAUGES: [&str; 1] = ["shared_data_bytes"];
-pub const GLOBAL_COUNTERS: [&str; 4] = [
-    "untracked_requests_total",
-    "shared_state_resets_total",
-    "sync_conflicts_total",
-    "host_errors_total",
-];
-
-pub fn metric_name(metric: &str, cluster: &str) -> String {
-    format!("adaptive_hedge.{metric}.{cluster}")
+metric_set! {
+    /// Worker-wide: `adaptive_hedge.<metric>`.
+    pub enum WorkerMetric {
+        UntrackedRequests = ("untracked_requests_total", Counter),
+        SharedStateResets = ("shared_state_resets_total", Counter),
+        SyncConflicts = ("sync_conflicts_total", Counter),
+        HostErrors = ("host_errors_total", Counter),
+        /// The bytes of the cluster values in shared memory, as this worker
+        /// last read or wrote them.
+        SharedDataBytes = ("shared_data_bytes", Gauge),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,139 +81,161 @@ enum Tracking {
 /// One cluster as this worker knows it.
 #[derive(Debug)]
 pub struct ClusterState {
-    pub name: String,
-    pub policy: Arc<ClusterPolicy>,
+    name: String,
+    policy: Arc<ClusterPolicy>,
     tracking: Tracking,
     /// Cached on the tick; `None` while warming up.
-    pub hedge_delay: Option<HedgeDelay>,
+    hedge_delay: Option<HedgeDelay>,
     /// Samples in the shared window at the last tick (all workers).
-    pub window_samples: u64,
-    pub budget: LocalBudget,
+    window_samples: u64,
+    budget: LocalBudget,
     /// Latencies seen since the last tick, not yet in the shared window.
     samples: Sketch,
-    requests_unsynced: u64,
-    sent_unsynced: u64,
-    counters: ClusterCounters,
-    metric_ids: Option<[u32; 8]>,
-    reset_logged: bool,
     /// Latency samples taken since the last tick.
     samples_this_tick: u32,
+    requests_unsynced: u64,
+    sent_unsynced: u64,
+    metrics: MetricTable<ClusterMetric>,
+    reset_logged: bool,
     /// Size of the cluster's shared value at the last sync.
     shared_bytes: usize,
 }
 
 impl ClusterState {
     fn new(name: String, policy: Arc<ClusterPolicy>) -> Self {
-        let budget = LocalBudget::new(budget_terms(&policy));
         ClusterState {
             name,
+            budget: LocalBudget::new(budget_terms(&policy)),
             policy,
             tracking: Tracking::Pending,
             hedge_delay: None,
             window_samples: 0,
-            budget,
             samples: Sketch::new(),
+            samples_this_tick: 0,
             requests_unsynced: 0,
             sent_unsynced: 0,
-            counters: ClusterCounters::default(),
-            metric_ids: None,
+            metrics: MetricTable::default(),
             reset_logged: false,
-            samples_this_tick: 0,
             shared_bytes: 0,
+        }
+    }
+
+    /// The delay requests are armed with; `None` while warming up.
+    pub fn hedge_delay(&self) -> Option<HedgeDelay> {
+        self.hedge_delay
+    }
+
+    /// Samples in the shared window at the last tick (all workers).
+    pub fn window_samples(&self) -> u64 {
+        self.window_samples
+    }
+
+    fn view(&self, id: ClusterId) -> ClusterView<'_> {
+        ClusterView {
+            id,
+            policy: &self.policy,
+            delay: self.hedge_delay,
+            budget: &self.budget,
+            sample_slot: self.samples_this_tick < SAMPLES_PER_TICK,
+        }
+    }
+
+    /// Books a plan made for this cluster: the request earns its share of
+    /// budget before the decision, the armed hedges are reserved after it.
+    fn book(&mut self, plan: &Plan) {
+        match &plan.decision {
+            Decision::Arm(a) => {
+                self.budget.reserve(a.hedges);
+                self.metrics
+                    .add(ClusterMetric::HedgesArmed, u64::from(a.hedges));
+            }
+            Decision::Skip(Skip::BudgetExhausted) => {
+                self.metrics.add(ClusterMetric::BudgetExhausted, 1)
+            }
+            Decision::Skip(_) => self.metrics.add(ClusterMetric::Ineligible, 1),
+        }
+        if plan.sample {
+            self.samples_this_tick += 1;
         }
     }
 }
 
-/// Worker-wide counts since the last flush, in `GLOBAL_COUNTERS` order.
-#[derive(Clone, Copy, Debug, Default)]
-struct GlobalCounters([u64; 4]);
-
-const UNTRACKED: usize = 0;
-const RESETS: usize = 1;
-const CONFLICTS: usize = 2;
-const HOST_ERRORS: usize = 3;
-
-/// A cluster handle for the HTTP context to keep between callbacks.
-pub type ClusterId = usize;
-
 pub struct Worker {
-    pub config: Arc<Config>,
+    config: Arc<Config>,
     geometry: WindowGeometry,
     clusters: Vec<ClusterState>,
     index: HashMap<Box<[u8]>, ClusterId>,
-    global: GlobalCounters,
-    global_ids: Option<[u32; 5]>,
+    metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
+}
+
+/// A cluster name as found in the local table.
+enum Found {
+    Tracked(ClusterId),
+    Untracked,
 }
 
 impl Worker {
     pub fn new(config: Arc<Config>) -> Self {
         Worker {
-            geometry: WindowGeometry::new(config.window),
+            geometry: WindowGeometry::new(*config.window),
             config,
             clusters: Vec::new(),
             index: HashMap::new(),
-            global: GlobalCounters::default(),
-            global_ids: None,
+            metrics: MetricTable::default(),
             registry_full_logged: false,
         }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     pub fn cluster(&self, id: ClusterId) -> Option<&ClusterState> {
         self.clusters.get(id)
     }
 
-    /// Request headers: find the cluster, earn budget, decide.
-    pub fn on_request(
-        &mut self,
-        cluster: Option<&[u8]>,
-        method: &[u8],
-        upgrade: bool,
-    ) -> (Option<ClusterId>, Decision) {
-        let Some(name) = cluster.filter(|n| !n.is_empty()) else {
-            return (None, Decision::Skip(Skip::NoCluster));
+    /// The plan for a request routed to `cluster` (`xds.cluster_name`),
+    /// booked: counters, the budget it earns and the hedges it reserves, its
+    /// sample slot. The caller carries it out, and calls `settle` with its
+    /// `settlement` when the request ends (or at once if arming failed).
+    pub fn plan(&mut self, cluster: Option<&[u8]>, request: &Request) -> Plan {
+        let found =
+            cluster
+                .filter(|name| !name.is_empty())
+                .map(|name| match self.lookup_or_insert(name) {
+                    Some(id)
+                        if self
+                            .clusters
+                            .get(id)
+                            .is_some_and(|c| c.tracking != Tracking::Untracked) =>
+                    {
+                        Found::Tracked(id)
+                    }
+                    _ => Found::Untracked,
+                });
+        let state = match found {
+            Some(Found::Tracked(id)) => self.clusters.get_mut(id).map(|s| (id, s)),
+            Some(Found::Untracked) => {
+                self.metrics.add(WorkerMetric::UntrackedRequests, 1);
+                None
+            }
+            None => None,
         };
-        let Some(id) = self.lookup_or_insert(name) else {
-            self.global.0[UNTRACKED] += 1;
-            return (None, Decision::Skip(Skip::Untracked));
+        let Some((id, state)) = state else {
+            let cluster = if found.is_some() {
+                Cluster::Untracked
+            } else {
+                Cluster::None
+            };
+            return decision::plan(request, &self.config, cluster);
         };
-        let Some(state) = self.clusters.get_mut(id) else {
-            return (None, Decision::Skip(Skip::Untracked));
-        };
-        if state.tracking == Tracking::Untracked {
-            self.global.0[UNTRACKED] += 1;
-            return (None, Decision::Skip(Skip::Untracked));
-        }
-        state.counters.requests += 1;
+        state.metrics.add(ClusterMetric::Requests, 1);
         state.requests_unsynced += 1;
         state.budget.earn();
-        let decision = decide(
-            &state.policy,
-            state.hedge_delay,
-            method,
-            upgrade,
-            &mut state.budget,
-        );
-        match decision {
-            Decision::Arm(h) => state.counters.hedges_armed += u64::from(h.hedges),
-            Decision::Skip(Skip::BudgetExhausted) => state.counters.budget_exhausted += 1,
-            Decision::Skip(_) => state.counters.ineligible += 1,
-        }
-        (Some(id), decision)
-    }
-
-    /// A request the filter decided not to arm because the client controls
-    /// hedging itself (`trust_client_headers`). Counted, nothing reserved.
-    pub fn on_client_controlled(&mut self, cluster: Option<&[u8]>) {
-        if let Some(state) = cluster
-            .and_then(|n| self.index.get(n).copied())
-            .and_then(|id| self.clusters.get_mut(id))
-        {
-            state.counters.requests += 1;
-            state.counters.ineligible += 1;
-            state.requests_unsynced += 1;
-            state.budget.earn();
-        }
+        let plan = decision::plan(request, &self.config, Cluster::Tracked(state.view(id)));
+        state.book(&plan);
+        plan
     }
 
     fn lookup_or_insert(&mut self, name: &[u8]) -> Option<ClusterId> {
@@ -273,36 +268,28 @@ impl Worker {
         }
     }
 
-    /// The request ended; `attempts` is `upstream.request_attempt_count`
-    /// (`None` if the host could not tell: then every reserved token is spent).
-    pub fn on_complete(&mut self, id: ClusterId, reserved: u32, attempts: Option<u64>) {
-        let Some(state) = self.clusters.get_mut(id) else {
+    /// An armed request ended; `attempts` is `upstream.request_attempt_count`
+    /// (`Some(1)` when arming failed; `None` if the host could not tell: then
+    /// every reserved hedge is paid as sent).
+    pub fn settle(&mut self, settlement: Settlement, attempts: Option<u64>) {
+        let Some(state) = self.clusters.get_mut(settlement.cluster) else {
             return;
         };
+        let reserved = settlement.hedges;
         let extra = match attempts {
             Some(a) => a.saturating_sub(1),
             None => u64::from(reserved),
         };
         let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
         state.budget.settle(reserved, sent);
-        state.counters.hedges_sent += extra;
-        state.counters.hedges_refunded += u64::from(reserved - sent);
+        state.metrics.add(ClusterMetric::HedgesSent, extra);
+        state
+            .metrics
+            .add(ClusterMetric::HedgesRefunded, u64::from(reserved - sent));
         state.sent_unsynced += extra;
     }
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
-    /// Whether this request's latency should be sampled (at most
-    /// `SAMPLES_PER_TICK` per cluster per tick).
-    pub fn take_sample_slot(&mut self, id: ClusterId) -> bool {
-        match self.clusters.get_mut(id) {
-            Some(c) if c.samples_this_tick < SAMPLES_PER_TICK => {
-                c.samples_this_tick += 1;
-                true
-            }
-            _ => false,
-        }
-    }
-
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         for c in self.clusters.iter_mut() {
             c.samples_this_tick = 0;
@@ -320,70 +307,63 @@ impl Worker {
     }
 
     fn register_pending(&mut self, store: &dyn SharedStore, log: &mut dyn Logger) {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut registry, cas) = match store.get(REGISTRY_KEY) {
-                Ok(Some((bytes, cas))) => match Registry::decode(&bytes) {
-                    Ok(r) => (r, cas),
-                    Err(e) => {
-                        log.log(
-                            Level::Warn,
-                            &format!("shared registry {REGISTRY_KEY} reset: {e}"),
-                        );
-                        self.global.0[RESETS] += 1;
-                        (Registry::default(), cas)
-                    }
-                },
-                Ok(None) => (Registry::default(), CREATE_ONLY),
-                Err(e) => {
-                    self.host_error(log, "get_shared_data(registry)", e);
-                    return;
-                }
-            };
-            let mut outcome = Vec::new();
-            let mut changed = false;
-            for (id, state) in self.clusters.iter().enumerate() {
-                if state.tracking != Tracking::Pending {
-                    continue;
-                }
-                if registry.contains(&state.name) {
-                    outcome.push((id, Tracking::Tracked));
-                } else if registry.names.len() < self.config.max_clusters {
-                    registry.names.push(state.name.clone());
-                    changed = true;
-                    outcome.push((id, Tracking::Tracked));
-                } else {
-                    outcome.push((id, Tracking::Untracked));
-                }
-            }
-            if changed {
-                match store.set(REGISTRY_KEY, &registry.encode(), cas) {
-                    Ok(()) => {}
-                    Err(StoreError::CasMismatch) => {
-                        self.global.0[CONFLICTS] += 1;
+        let max = self.config.max_clusters;
+        let clusters = &self.clusters;
+        let mut outcome = Vec::new();
+        let update = update_shared(
+            store,
+            REGISTRY_KEY,
+            Registry::decode,
+            Registry::default,
+            |registry| {
+                // recomputed on every attempt: a conflict means another worker
+                // changed the registry in between
+                outcome.clear();
+                for (id, state) in clusters.iter().enumerate() {
+                    if state.tracking != Tracking::Pending {
                         continue;
                     }
-                    Err(e) => {
-                        self.host_error(log, "set_shared_data(registry)", e);
-                        return;
-                    }
+                    let tracked = if registry.contains(&state.name) {
+                        true
+                    } else if registry.names.len() < max {
+                        registry.names.push(state.name.clone());
+                        true
+                    } else {
+                        false
+                    };
+                    outcome.push((id, tracked));
                 }
-            }
-            for (id, tracking) in outcome {
-                if let Some(state) = self.clusters.get_mut(id) {
-                    state.tracking = tracking;
-                    if tracking == Tracking::Untracked && !self.registry_full_logged {
-                        self.registry_full_logged = true;
-                        log.log(
-                            Level::Warn,
-                            &format!(
-                                "max_clusters ({}) reached: cluster \"{}\" and any further new cluster pass through unhedged",
-                                self.config.max_clusters, state.name
-                            ),
-                        );
-                    }
-                }
-            }
+            },
+            Registry::encode,
+        );
+        if let Some(e) = &update.reset {
+            log.log(
+                Level::Warn,
+                &format!("shared registry {REGISTRY_KEY} reset: {e}"),
+            );
+        }
+        if self.account(update, log, "registry").is_none() {
             return;
+        }
+        for (id, tracked) in outcome {
+            let Some(state) = self.clusters.get_mut(id) else {
+                continue;
+            };
+            state.tracking = if tracked {
+                Tracking::Tracked
+            } else {
+                Tracking::Untracked
+            };
+            if !tracked && !self.registry_full_logged {
+                self.registry_full_logged = true;
+                log.log(
+                    Level::Warn,
+                    &format!(
+                        "max_clusters ({max}) reached: cluster \"{}\" and any further new cluster pass through unhedged",
+                        state.name
+                    ),
+                );
+            }
         }
     }
 
@@ -395,208 +375,193 @@ impl Worker {
         log: &mut dyn Logger,
     ) {
         let geometry = self.geometry;
-        let Some(state) = self.clusters.get(id) else {
+        let Some(state) = self.clusters.get_mut(id) else {
             return;
         };
         if state.tracking != Tracking::Tracked {
             return;
         }
-        let key = cluster_key(&state.name);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some(state) = self.clusters.get_mut(id) else {
-                return;
-            };
-            let mut shared_bytes = 0;
-            let (mut shared, cas) = match store.get(&key) {
-                Ok(Some((bytes, cas))) => match SharedCluster::decode(&bytes, geometry) {
-                    Ok(shared) => {
-                        shared_bytes = bytes.len();
-                        (shared, cas)
-                    }
-                    Err(e) => {
-                        if !state.reset_logged {
-                            state.reset_logged = true;
-                            log.log(
-                                Level::Warn,
-                                &format!("shared state of cluster \"{}\" reset: {e}", state.name),
-                            );
-                        }
-                        self.global.0[RESETS] += 1;
-                        (SharedCluster::new(geometry), cas)
-                    }
-                },
-                Ok(None) => (SharedCluster::new(geometry), CREATE_ONLY),
-                Err(e) => {
-                    self.host_error(log, "get_shared_data(cluster)", e);
-                    return;
-                }
-            };
-            let before = shared.clone();
-            let mut budget = state.budget.clone();
-            shared.window.merge(now_ms, &state.samples);
-            shared.window.expire(now_ms);
-            budget.rebalance(&mut shared.pool);
-            shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
-            shared.hedges_sent_total = shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
-            // Write only if something changed (or the key is new). An
-            // unchanged value means nothing local was pending: samples,
-            // requests and sent hedges each change it.
-            if shared != before || cas == CREATE_ONLY {
-                let encoded = shared.encode();
-                shared_bytes = encoded.len();
-                match store.set(&key, &encoded, cas) {
-                    Ok(()) => {}
-                    Err(StoreError::CasMismatch) => {
-                        self.global.0[CONFLICTS] += 1;
-                        continue;
-                    }
-                    Err(e) => {
-                        self.host_error(log, "set_shared_data(cluster)", e);
-                        return;
-                    }
-                }
-            }
-            state.samples.clear();
-            state.requests_unsynced = 0;
-            state.sent_unsynced = 0;
-            state.budget = budget;
-            state.shared_bytes = shared_bytes;
-            let window = shared.window.snapshot(now_ms);
-            state.window_samples = window.count();
-            // the current slice and the one before: one to two slices of samples
-            let recent = shared.window.snapshot_recent(now_ms, RECENT_SLICES);
-            state.hedge_delay = hedge_delay(&state.policy, &window, &recent);
-            return;
+        let mut budget = state.budget.clone();
+        let update = update_shared(
+            store,
+            &cluster_key(&state.name),
+            |bytes| SharedCluster::decode(bytes, geometry),
+            || SharedCluster::new(geometry),
+            |shared| {
+                budget = state.budget.clone();
+                budget.rebalance(&mut shared.pool);
+                shared.window.merge(now_ms, &state.samples);
+                shared.window.expire(now_ms);
+                shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
+                shared.hedges_sent_total =
+                    shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
+            },
+            SharedCluster::encode,
+        );
+        if let (Some(e), false) = (&update.reset, state.reset_logged) {
+            state.reset_logged = true;
+            log.log(
+                Level::Warn,
+                &format!("shared state of cluster \"{}\" reset: {e}", state.name),
+            );
         }
+        let Some(shared) = self.account(update, log, "cluster") else {
+            return;
+        };
+        let Some(state) = self.clusters.get_mut(id) else {
+            return;
+        };
+        state.samples.clear();
+        state.requests_unsynced = 0;
+        state.sent_unsynced = 0;
+        state.budget = budget;
+        state.shared_bytes = shared.bytes;
+        let window = shared.value.window.snapshot(now_ms);
+        state.window_samples = window.count();
+        // the current slice and the one before: one to two slices of samples
+        let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
+        state.hedge_delay = hedge_delay(&state.policy, &window, &recent);
     }
 
-    fn host_error(&mut self, log: &mut dyn Logger, call: &str, e: StoreError) {
-        self.global.0[HOST_ERRORS] += 1;
-        if self.global.0[HOST_ERRORS] == 1 {
-            log.log(
-                Level::Error,
-                &format!("{call} failed: {e:?}; hedging uses the last known state"),
-            );
+    /// Counts what an `update_shared` met (resets, conflicts, a host error,
+    /// logged once per flush); the value if it is in shared memory now.
+    fn account<T>(
+        &mut self,
+        update: SharedUpdate<T>,
+        log: &mut dyn Logger,
+        what: &str,
+    ) -> Option<Stored<T>> {
+        self.metrics
+            .add(WorkerMetric::SharedStateResets, update.resets);
+        self.metrics
+            .add(WorkerMetric::SyncConflicts, u64::from(update.conflicts));
+        match update.result {
+            Ok(stored) => stored,
+            Err((call, e)) => {
+                self.metrics.add(WorkerMetric::HostErrors, 1);
+                if self.metrics.pending(WorkerMetric::HostErrors) == 1 {
+                    log.log(
+                        Level::Error,
+                        &format!("{call}_shared_data({what}) failed: {e:?}; hedging uses the last known state"),
+                    );
+                }
+                None
+            }
         }
     }
 
     /// Pushes counter deltas and gauges to Envoy's stats (on the tick).
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
-        let ids = match self.global_ids {
-            Some(ids) => Some(ids),
-            None => define_all(sink, &GLOBAL_COUNTERS, &GLOBAL_GAUGES, None),
-        };
-        self.global_ids = ids;
-        if let Some(ids) = ids {
-            for (id, n) in ids.iter().zip(self.global.0.iter_mut()) {
-                if *n > 0 {
-                    sink.add(*id, *n);
-                    *n = 0;
-                }
-            }
-            // Every VM sets the same gauge; one without clusters (Envoy's
-            // main thread) would overwrite the workers' value with 0.
-            let shared_bytes: usize = self.clusters.iter().map(|c| c.shared_bytes).sum();
-            if let (Some(id), true) = (ids.get(GLOBAL_COUNTERS.len()), shared_bytes > 0) {
-                sink.set(*id, shared_bytes as u64);
-            }
-        }
+        // Every VM sets the same gauge; one without clusters (Envoy's main
+        // thread) would overwrite the workers' value with 0.
+        let shared_bytes: usize = self.clusters.iter().map(|c| c.shared_bytes).sum();
+        self.metrics.flush(sink, None, |_| {
+            (shared_bytes > 0).then_some(shared_bytes as u64)
+        });
         for state in self
             .clusters
             .iter_mut()
             .filter(|c| c.tracking == Tracking::Tracked)
         {
-            let ids = match state.metric_ids {
-                Some(ids) => Some(ids),
-                None => define_all(sink, &CLUSTER_COUNTERS, &CLUSTER_GAUGES, Some(&state.name)),
-            };
-            state.metric_ids = ids;
-            let Some(ids) = ids else { continue };
-            let c = std::mem::take(&mut state.counters);
-            let deltas = [
-                c.requests,
-                c.hedges_armed,
-                c.hedges_sent,
-                c.hedges_refunded,
-                c.budget_exhausted,
-                c.ineligible,
-            ];
-            for (id, n) in ids.iter().zip(deltas) {
-                if n > 0 {
-                    sink.add(*id, n);
-                }
-            }
-            let gauges = [
+            let (delay, samples) = (
                 state.hedge_delay.map_or(0, |d| d.delay_us),
                 state.window_samples,
-            ];
-            for (id, v) in ids.iter().skip(CLUSTER_COUNTERS.len()).zip(gauges) {
-                sink.set(*id, v);
-            }
+            );
+            state.metrics.flush(sink, Some(&state.name), |m| match m {
+                ClusterMetric::HedgeDelayUs => Some(delay),
+                ClusterMetric::WindowSamples => Some(samples),
+                _ => None,
+            });
         }
     }
 }
 
-/// Defines counters then gauges (`adaptive_hedge.<name>[.<cluster>]`);
-/// `None` if any definition fails (retried next tick).
-pub(super) fn define_all<const N: usize>(
-    sink: &mut dyn MetricsSink,
-    counters: &[&str],
-    gauges: &[&str],
-    cluster: Option<&str>,
-) -> Option<[u32; N]> {
-    let mut ids = [0u32; N];
-    let names = counters
-        .iter()
-        .map(|n| (n, MetricKind::Counter))
-        .chain(gauges.iter().map(|n| (n, MetricKind::Gauge)));
-    for (slot, (name, kind)) in ids.iter_mut().zip(names) {
-        let full = match cluster {
-            Some(c) => metric_name(name, c),
-            None => format!("adaptive_hedge.{name}"),
+/// What `update_shared` met on its way.
+struct SharedUpdate<T> {
+    /// Stored values that did not decode and were replaced, and the first
+    /// one's error.
+    resets: u64,
+    reset: Option<DecodeError>,
+    conflicts: u32,
+    /// The value now in shared memory; `None` when every attempt met a
+    /// conflict (the work is left to the next tick); the failed host call
+    /// and its error.
+    result: Result<Option<Stored<T>>, (&'static str, StoreError)>,
+}
+
+struct Stored<T> {
+    value: T,
+    /// Its size in shared memory.
+    bytes: usize,
+}
+
+/// Reads `key`, applies `update` to its decoded value (`fresh()` if the key
+/// is missing or does not decode), and writes it back with compare-and-swap
+/// if it changed. On a conflict (another worker wrote in between) it reads
+/// and applies again, up to `CAS_ATTEMPTS` times. A missing key is written
+/// with `CREATE_ONLY`, so two workers creating it at once cannot erase each
+/// other's update.
+fn update_shared<T: Clone + PartialEq>(
+    store: &dyn SharedStore,
+    key: &str,
+    decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
+    fresh: impl Fn() -> T,
+    mut update: impl FnMut(&mut T),
+    encode: impl Fn(&T) -> Vec<u8>,
+) -> SharedUpdate<T> {
+    let mut outcome = SharedUpdate {
+        resets: 0,
+        reset: None,
+        conflicts: 0,
+        result: Ok(None),
+    };
+    for _ in 0..CAS_ATTEMPTS {
+        let (before, mut bytes, cas) = match store.get(key) {
+            Ok(Some((stored, cas))) => match decode(&stored) {
+                Ok(value) => (value, stored.len(), cas),
+                Err(e) => {
+                    outcome.resets += 1;
+                    outcome.reset.get_or_insert(e);
+                    (fresh(), 0, cas)
+                }
+            },
+            Ok(None) => (fresh(), 0, CREATE_ONLY),
+            Err(e) => {
+                outcome.result = Err(("get", e));
+                return outcome;
+            }
         };
-        *slot = sink.define(&full, kind)?;
+        let mut value = before.clone();
+        update(&mut value);
+        // Unchanged means nothing was pending here: samples, requests, sent
+        // hedges and tokens each change the value.
+        if value != before {
+            let encoded = encode(&value);
+            bytes = encoded.len();
+            match store.set(key, &encoded, cas) {
+                Ok(()) => {}
+                Err(StoreError::CasMismatch) => {
+                    outcome.conflicts += 1;
+                    continue;
+                }
+                Err(e) => {
+                    outcome.result = Err(("set", e));
+                    return outcome;
+                }
+            }
+        }
+        outcome.result = Ok(Some(Stored { value, bytes }));
+        return outcome;
     }
-    Some(ids)
+    outcome
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::shared_state::memory::MemoryStore;
     use super::*;
+    use crate::telemetry::memory::{Lines, Stats};
     use std::time::Duration;
-
-    #[derive(Default)]
-    struct Lines(Vec<String>);
-    impl Logger for Lines {
-        fn log(&mut self, _: Level, m: &str) {
-            self.0.push(m.to_string());
-        }
-    }
-
-    #[derive(Default)]
-    struct Stats {
-        names: Vec<String>,
-        values: HashMap<u32, u64>,
-    }
-    impl MetricsSink for Stats {
-        fn define(&mut self, name: &str, _: MetricKind) -> Option<u32> {
-            self.names.push(name.to_string());
-            Some(self.names.len() as u32 - 1)
-        }
-        fn add(&mut self, id: u32, d: u64) {
-            *self.values.entry(id).or_default() += d;
-        }
-        fn set(&mut self, id: u32, v: u64) {
-            self.values.insert(id, v);
-        }
-    }
-    impl Stats {
-        fn get(&self, name: &str) -> u64 {
-            let id = self.names.iter().position(|n| n == name).unwrap() as u32;
-            self.values.get(&id).copied().unwrap_or(0)
-        }
-    }
 
     fn config(json: &str) -> Arc<Config> {
         Arc::new(Config::parse(json.as_bytes()).unwrap())
@@ -604,22 +569,30 @@ mod tests {
 
     const T0: u64 = 1_700_000_000_000;
 
-    /// Feeds `n` requests with latency `us` through a worker.
+    const GET: Request = Request {
+        method: b"GET",
+        upgrade: false,
+        client_controls: false,
+        client_marker: false,
+    };
+
+    /// Feeds `n` requests with latency `us` through a worker, as the proxy
+    /// glue does (no hedge is ever sent).
     fn traffic(w: &mut Worker, cluster: &str, n: u64, us: u64) -> Vec<Decision> {
         (0..n)
             .map(|_| {
-                let (id, d) = w.on_request(Some(cluster.as_bytes()), b"GET", false);
-                let id = id.unwrap();
-                w.on_response(id, us);
-                let reserved = if let Decision::Arm(h) = d {
-                    h.hedges
-                } else {
-                    0
-                };
-                w.on_complete(id, reserved, Some(1));
-                d
+                let plan = w.plan(Some(cluster.as_bytes()), &GET);
+                w.on_response(plan.cluster.unwrap(), us);
+                if let Some(s) = plan.settlement() {
+                    w.settle(s, Some(1));
+                }
+                plan.decision
             })
             .collect()
+    }
+
+    fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
+        w.plan(Some(cluster), &Request { method, ..GET }).decision
     }
 
     #[test]
@@ -633,22 +606,22 @@ mod tests {
         traffic(&mut b, "c", 60, 2000);
         a.sync(T0, &store, &mut log);
         assert_eq!(
-            a.cluster(0).unwrap().hedge_delay,
+            a.cluster(0).unwrap().hedge_delay(),
             None,
             "60 samples are not enough"
         );
         b.sync(T0 + 10, &store, &mut log);
         a.sync(T0 + 200, &store, &mut log);
         let (da, db) = (
-            a.cluster(0).unwrap().hedge_delay,
-            b.cluster(0).unwrap().hedge_delay,
+            a.cluster(0).unwrap().hedge_delay(),
+            b.cluster(0).unwrap().hedge_delay(),
         );
         assert!(
             da.is_some(),
             "120 samples from both workers warm the cluster up"
         );
         assert_eq!(da, db, "both workers arm the same delay");
-        assert_eq!(a.cluster(0).unwrap().window_samples, 120);
+        assert_eq!(a.cluster(0).unwrap().window_samples(), 120);
         assert!(log.0.is_empty(), "{:?}", log.0);
     }
 
@@ -672,7 +645,7 @@ mod tests {
         a.sync(T0 + 3000, &store, &mut log);
         b.sync(T0 + 3000, &store, &mut log);
         let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
-        let shared = SharedCluster::decode(&bytes, WindowGeometry::new(cfg.window)).unwrap();
+        let shared = SharedCluster::decode(&bytes, WindowGeometry::new(*cfg.window)).unwrap();
         assert_eq!(shared.window.snapshot(T0 + 3000), all);
         assert_eq!(shared.requests_total, 3000);
     }
@@ -685,14 +658,14 @@ mod tests {
         traffic(&mut w, "c", 50, 3000);
         *store.conflicts.borrow_mut() = 3;
         w.sync(T0, &store, &mut log);
-        assert_eq!(w.cluster(0).unwrap().window_samples, 50);
+        assert_eq!(w.cluster(0).unwrap().window_samples(), 50);
         // more conflicts than attempts: kept for the next tick
         traffic(&mut w, "c", 50, 3000);
         *store.conflicts.borrow_mut() = 100;
         w.sync(T0 + 200, &store, &mut log);
         *store.conflicts.borrow_mut() = 0;
         w.sync(T0 + 400, &store, &mut log);
-        assert_eq!(w.cluster(0).unwrap().window_samples, 100);
+        assert_eq!(w.cluster(0).unwrap().window_samples(), 100);
     }
 
     /// A store in which another worker's tick runs between this worker's
@@ -782,13 +755,13 @@ mod tests {
             }
         };
         run(&mut w, &mut now, 60_000, 1);
-        let before = w.cluster(0).unwrap().hedge_delay.unwrap().delay_us as f64;
+        let before = w.cluster(0).unwrap().hedge_delay().unwrap().delay_us as f64;
         assert!(
             (before / 9100.0 - 1.0).abs() < 0.03,
             "p90 before the shift: {before}"
         );
         run(&mut w, &mut now, 30_000, 3);
-        let after = w.cluster(0).unwrap().hedge_delay.unwrap().delay_us as f64;
+        let after = w.cluster(0).unwrap().hedge_delay().unwrap().delay_us as f64;
         assert!(
             (after / 27_300.0 - 1.0).abs() < 0.03,
             "p90 one window after the shift: {after}"
@@ -807,7 +780,7 @@ mod tests {
             traffic(&mut w, "c", 20, 3000);
             w.sync(T0 + 200, &store, &mut log);
             assert_eq!(
-                w.cluster(0).unwrap().window_samples,
+                w.cluster(0).unwrap().window_samples(),
                 20,
                 "recovered with the new samples"
             );
@@ -816,7 +789,10 @@ mod tests {
         assert!(log.0[0].contains("reset"));
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.shared_state_resets_total"), 3);
+        assert_eq!(
+            stats.get("adaptive_hedge.shared_state_resets_total"),
+            Some(3)
+        );
     }
 
     #[test]
@@ -832,17 +808,24 @@ mod tests {
         // the registry (shared) is full, though worker a has room locally
         traffic(&mut a, "three", 5, 1000);
         a.sync(T0 + 200, &store, &mut log);
-        let (_, d) = a.on_request(Some(b"three"), b"GET", false);
-        assert_eq!(d, Decision::Skip(Skip::Untracked));
+        assert_eq!(
+            decision(&mut a, b"three", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
         // the local map is bounded too (twice the limit)
         traffic(&mut a, "four", 1, 1000);
         traffic(&mut a, "five", 1, 1000);
-        let (_, d) = a.on_request(Some(b"six"), b"GET", false);
-        assert_eq!(d, Decision::Skip(Skip::Untracked));
+        assert_eq!(
+            decision(&mut a, b"six", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
         assert_eq!(log.0.len(), 1);
         let mut stats = Stats::default();
         a.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.untracked_requests_total"), 2);
+        assert_eq!(
+            stats.get("adaptive_hedge.untracked_requests_total"),
+            Some(2)
+        );
         assert!(!stats.names.iter().any(|n| n.ends_with(".three")));
     }
 
@@ -862,10 +845,12 @@ mod tests {
         a.sync(T0, &store, &mut log);
         traffic(&mut a, "b1", 20, 1000); // earns the tokens of a hedge
         a.sync(T0 + 200, &store, &mut log);
-        let (_, d) = a.on_request(Some(b"b1"), b"GET", false);
+        let d = decision(&mut a, b"b1", b"GET");
         assert!(matches!(d, Decision::Arm(_)), "{d:?}");
-        let (_, d) = a.on_request(Some(b"a1"), b"GET", false);
-        assert_eq!(d, Decision::Skip(Skip::Untracked));
+        assert_eq!(
+            decision(&mut a, b"a1", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
     }
 
     #[test]
@@ -876,51 +861,109 @@ mod tests {
         traffic(&mut w, "c", 200, 5000);
         w.sync(T0, &store, &mut log);
         // armed and hedged
-        let (id, d) = w.on_request(Some(b"c"), b"GET", false);
-        assert!(matches!(d, Decision::Arm(_)));
-        w.on_complete(id.unwrap(), 1, Some(2));
+        let plan = w.plan(Some(b"c"), &GET);
+        assert!(matches!(plan.decision, Decision::Arm(_)));
+        w.settle(plan.settlement().unwrap(), Some(2));
+        // armed, and ended before its hedge
+        let plan = w.plan(Some(b"c"), &GET);
+        w.settle(plan.settlement().unwrap(), Some(1));
         // not idempotent
-        let (_, d) = w.on_request(Some(b"c"), b"POST", false);
-        assert_eq!(d, Decision::Skip(Skip::Method));
+        assert_eq!(
+            decision(&mut w, b"c", b"POST"),
+            Decision::Skip(Skip::Method)
+        );
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.requests_total.c"), 202);
-        assert_eq!(stats.get("adaptive_hedge.hedges_sent_total.c"), 1);
-        assert_eq!(stats.get("adaptive_hedge.ineligible_total.c"), 201); // 200 warming up + POST
-        assert!(stats.get("adaptive_hedge.hedges_armed_total.c") >= 1);
-        assert_eq!(stats.get("adaptive_hedge.window_samples.c"), 200);
-        let delay = stats.get("adaptive_hedge.hedge_delay_us.c");
+        let get = |name: &str| stats.get(&format!("adaptive_hedge.{name}.c")).unwrap();
+        assert_eq!(get("requests_total"), 203);
+        assert_eq!(get("hedges_armed_total"), 2);
+        assert_eq!(get("hedges_sent_total"), 1);
+        assert_eq!(get("hedges_refunded_total"), 1);
+        assert_eq!(get("ineligible_total"), 201); // 200 warming up + POST
+        assert_eq!(get("budget_exhausted_total"), 0);
+        assert_eq!(get("window_samples"), 200);
+        let delay = get("hedge_delay_us");
         assert!((4900..=5100).contains(&delay), "{delay}");
         // a second flush adds nothing
         w.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.requests_total.c"), 202);
+        assert_eq!(stats.get("adaptive_hedge.requests_total.c"), Some(203));
     }
 
     #[test]
     fn samples_are_capped_per_tick() {
         let store = MemoryStore::default();
         let mut w = Worker::new(config(""));
-        let (a, _) = w.on_request(Some(b"a"), b"GET", false);
-        let (b, _) = w.on_request(Some(b"b"), b"GET", false);
-        let (a, b) = (a.unwrap(), b.unwrap());
-        let taken = (0..1000).filter(|_| w.take_sample_slot(a)).count();
+        let sampled = |w: &mut Worker, cluster: &[u8]| w.plan(Some(cluster), &GET).sample;
+        let taken = (0..1000).filter(|_| sampled(&mut w, b"a")).count();
         assert_eq!(taken, SAMPLES_PER_TICK as usize);
-        assert!(w.take_sample_slot(b), "each cluster has its own slots");
+        assert!(sampled(&mut w, b"b"), "each cluster has its own slots");
         w.sync(T0, &store, &mut Lines::default());
-        assert!(w.take_sample_slot(a), "a new tick, new slots");
+        assert!(sampled(&mut w, b"a"), "a new tick, new slots");
     }
 
     #[test]
     fn requests_without_a_cluster_are_not_armed() {
         let mut w = Worker::new(config(""));
+        assert_eq!(w.plan(None, &GET).decision, Decision::Skip(Skip::NoCluster));
         assert_eq!(
-            w.on_request(None, b"GET", false).1,
+            decision(&mut w, b"", b"GET"),
             Decision::Skip(Skip::NoCluster)
         );
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
         assert_eq!(
-            w.on_request(Some(b""), b"GET", false).1,
-            Decision::Skip(Skip::NoCluster)
+            stats.get("adaptive_hedge.untracked_requests_total"),
+            Some(0)
         );
-        let _ = Duration::ZERO;
+    }
+
+    #[test]
+    fn a_trusted_client_s_request_is_counted_never_armed() {
+        let mut w = Worker::new(config(r#"{"trust_client_headers": true}"#));
+        let own = Request {
+            client_controls: true,
+            ..GET
+        };
+        let plan = w.plan(Some(b"c"), &own);
+        assert_eq!(plan.decision, Decision::Skip(Skip::ClientControlled));
+        assert_eq!(plan.settlement(), None);
+        let mut stats = Stats::default();
+        w.sync(T0, &MemoryStore::default(), &mut Lines::default());
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.requests_total.c"), Some(1));
+        assert_eq!(stats.get("adaptive_hedge.ineligible_total.c"), Some(1));
+    }
+
+    /// A store whose every call fails with a host status.
+    struct Broken;
+    impl SharedStore for Broken {
+        fn get(&self, _: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            Err(StoreError::Host(2))
+        }
+        fn set(&self, _: &str, _: &[u8], _: u32) -> Result<(), StoreError> {
+            Err(StoreError::Host(2))
+        }
+    }
+
+    #[test]
+    fn host_errors_are_counted_logged_once_and_change_nothing() {
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        traffic(&mut w, "c", 50, 3000);
+        w.sync(T0, &Broken, &mut log);
+        w.sync(T0 + 200, &Broken, &mut log);
+        assert_eq!(log.0.len(), 1, "{:?}", log.0);
+        assert!(
+            log.0[0].contains("get_shared_data(registry) failed"),
+            "{:?}",
+            log.0
+        );
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.host_errors_total"), Some(2));
+        // the samples wait for a store that works
+        let store = MemoryStore::default();
+        w.sync(T0 + 400, &store, &mut log);
+        assert_eq!(w.cluster(0).unwrap().window_samples(), 50);
     }
 }

@@ -6,25 +6,26 @@
 //! - `corrupt-shared-data`: write garbage under its shared-data keys;
 //! - `foreign-version`: write a value of an unknown encoding version there.
 
-use super::host::{self, HostStore};
-use crate::policy::shared_state::{cluster_key, SharedStore, REGISTRY_KEY};
+use super::host::Host;
+use crate::policy::shared_state::{cluster_key, REGISTRY_KEY};
 
 const FAULT_HEADER: &str = "x-adaptive-hedge-fault";
 
 /// Applies the fault the request asks for, if any.
-pub fn inject(cluster: Option<&[u8]>) {
-    let Ok(Some(fault)) = host::request_header(FAULT_HEADER) else {
+pub fn inject(host: &impl Host, cluster: Option<&[u8]>) {
+    let Ok(Some(fault)) = host.request_header(FAULT_HEADER) else {
         return;
     };
     let key = cluster_key(&String::from_utf8_lossy(cluster.unwrap_or_default()));
     match fault.as_slice() {
+        #[cfg(target_arch = "wasm32")]
         b"trap" => core::arch::wasm32::unreachable(),
         b"corrupt-shared-data" => {
-            let _ = HostStore.set(&key, b"\xde\xad garbage \xbe\xef", 0);
-            let _ = HostStore.set(REGISTRY_KEY, b"not a registry", 0);
+            let _ = host.set(&key, b"\xde\xad garbage \xbe\xef", 0);
+            let _ = host.set(REGISTRY_KEY, b"not a registry", 0);
         }
         b"foreign-version" => {
-            let _ = HostStore.set(&key, b"AHC\x09from a newer filter", 0);
+            let _ = host.set(&key, b"AHC\x09from a newer filter", 0);
         }
         _ => {}
     }

@@ -6,21 +6,22 @@
 
 use std::cell::Cell;
 
-use super::host;
+use super::host::Host;
 use crate::policy::config::Role;
-use crate::policy::worker::Level;
+use crate::telemetry::Level;
 
 /// Only an upstream filter knows its attempt's host while the request
 /// headers pass; before the router nothing has been picked yet.
 const UPSTREAM_ADDRESS: &[u8] = b"upstream\0address";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Unchecked,
     Right,
     Wrong,
 }
 
+#[derive(Debug)]
 pub struct Placement {
     role: Role,
     state: Cell<State>,
@@ -36,12 +37,12 @@ impl Placement {
 
     /// Whether this VM's role runs in its own chain (one host call, on the
     /// first request only).
-    pub fn in_place(&self) -> bool {
+    pub fn in_place(&self, host: &mut impl Host) -> bool {
         match self.state.get() {
             State::Right => true,
             State::Wrong => false,
             State::Unchecked => {
-                let in_upstream_chain = match host::property(UPSTREAM_ADDRESS) {
+                let in_upstream_chain = match host.property(UPSTREAM_ADDRESS) {
                     Ok(Some(address)) => !address.is_empty(),
                     Ok(None) => false,
                     // Cannot tell: trust the config rather than break it.
@@ -51,7 +52,7 @@ impl Placement {
                 self.state
                     .set(if right { State::Right } else { State::Wrong });
                 if !right {
-                    host::log(Level::Error, self.complaint());
+                    host.log(Level::Error, self.complaint());
                 }
                 right
             }

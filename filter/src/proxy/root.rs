@@ -1,27 +1,28 @@
-//! The root context: validates the plugin configuration once (refusing a bad
-//! one, so Envoy rejects it), then on every tick merges this worker's samples
-//! and budget into shared memory and refreshes the cached delays.
+//! The plugin: validates the configuration once (refusing a bad one, so
+//! Envoy rejects it), then on every tick merges this worker's samples and
+//! budget into shared memory and refreshes the cached delays (downstream
+//! role), or checks and counts the holds (upstream role). It makes each
+//! request's or attempt's context.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
-
-use super::host::{self, HostLog, HostMetrics, HostStore};
-use super::http::HedgeHttp;
+use super::downstream::DownstreamRequest;
+use super::host::Host;
 use super::placement::Placement;
-use super::upstream::HoldHttp;
+use super::upstream::UpstreamAttempt;
 use crate::policy::config::{Config, Role};
 use crate::policy::hold::HoldStats;
-use crate::policy::worker::{Level, Worker};
+use crate::policy::worker::Worker;
+use crate::telemetry::Level;
 
 /// The upstream role's tick: its misconfiguration check and counters need
 /// no more than this.
 const UPSTREAM_TICK_MS: u32 = 1000;
 
-pub struct HedgeRoot {
+pub struct Plugin<H: Host> {
+    host: H,
     role: Role,
     /// Downstream role: the learning, budget and decisions of this VM.
     worker: Option<Rc<RefCell<Worker>>>,
@@ -30,31 +31,32 @@ pub struct HedgeRoot {
     placement: Rc<Placement>,
 }
 
-impl Default for HedgeRoot {
-    fn default() -> Self {
-        HedgeRoot {
+/// A context for one HTTP stream, of the plugin's role.
+pub enum Stream<H: Host> {
+    Downstream(DownstreamRequest<H>),
+    Upstream(UpstreamAttempt<H>),
+}
+
+impl<H: Host> Plugin<H> {
+    pub fn new(host: H) -> Self {
+        Plugin {
+            host,
             role: Role::Downstream,
             worker: None,
             holds: Rc::default(),
             placement: Rc::new(Placement::new(Role::Downstream)),
         }
     }
-}
 
-impl Context for HedgeRoot {}
-
-impl RootContext for HedgeRoot {
-    fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
-        let bytes = match host::plugin_configuration(plugin_configuration_size) {
+    /// `false` refuses the configuration (Envoy then rejects it).
+    pub fn on_configure(&mut self, configuration_size: usize) -> bool {
+        let bytes = match self.host.plugin_configuration(configuration_size) {
             Ok(bytes) => bytes.unwrap_or_default(),
             Err(status) => {
-                host::log(
-                    Level::Error,
-                    &format!(
-                        "adaptive-hedge: cannot read the plugin configuration (status {})",
-                        status.0
-                    ),
-                );
+                self.log_error(&format!(
+                    "adaptive-hedge: cannot read the plugin configuration (status {})",
+                    status.0
+                ));
                 return false;
             }
         };
@@ -62,30 +64,26 @@ impl RootContext for HedgeRoot {
             Ok(config) => Arc::new(config),
             Err(e) => {
                 // Envoy logs a generic "Unable to create Wasm HTTP filter" next to this line.
-                host::log(Level::Error, &format!("adaptive-hedge: {e}"));
+                self.log_error(&format!("adaptive-hedge: {e}"));
                 return false;
             }
         };
         for warning in &config.warnings {
-            host::log(Level::Warn, &format!("adaptive-hedge: {warning}"));
+            self.host
+                .log(Level::Warn, &format!("adaptive-hedge: {warning}"));
         }
-        self.role = config.role;
-        self.placement = Rc::new(Placement::new(config.role));
         let tick_ms = match config.role {
             Role::Downstream => u32::try_from(config.sync_interval.as_millis()).unwrap_or(u32::MAX),
             Role::Upstream => UPSTREAM_TICK_MS,
         };
-        if let Err(status) = host::set_tick_period_ms(tick_ms) {
-            host::log(
-                Level::Error,
-                &format!(
-                    "adaptive-hedge: cannot set the tick period (status {})",
-                    status.0
-                ),
-            );
+        if let Err(status) = self.host.set_tick_period_ms(tick_ms) {
+            self.log_error(&format!(
+                "adaptive-hedge: cannot set the tick period (status {})",
+                status.0
+            ));
             return false;
         }
-        host::log(
+        self.host.log(
             Level::Info,
             &format!(
                 "adaptive-hedge {} configured: {}",
@@ -93,40 +91,134 @@ impl RootContext for HedgeRoot {
                 config.effective_json()
             ),
         );
-        if config.role == Role::Downstream {
-            self.worker = Some(Rc::new(RefCell::new(Worker::new(config))));
-        }
+        self.role = config.role;
+        self.placement = Rc::new(Placement::new(config.role));
+        self.worker =
+            (config.role == Role::Downstream).then(|| Rc::new(RefCell::new(Worker::new(config))));
         true
     }
 
-    fn on_tick(&mut self) {
-        if self.role == Role::Upstream {
-            let (Ok(mut holds), Ok(now_ns)) = (self.holds.try_borrow_mut(), host::now_ns()) else {
-                return;
-            };
-            holds.check(now_ns / 1_000_000, &mut HostLog);
-            holds.flush_metrics(&mut HostMetrics);
-            return;
-        }
-        let Some(worker) = &self.worker else { return };
-        let Ok(mut worker) = worker.try_borrow_mut() else {
+    fn log_error(&mut self, message: &str) {
+        self.host.log(Level::Error, message);
+    }
+
+    pub fn on_tick(&mut self) {
+        let Ok(now_ms) = self.host.now_ns().map(|ns| ns / 1_000_000) else {
             return;
         };
-        let Ok(now_ns) = host::now_ns() else { return };
-        worker.sync(now_ns / 1_000_000, &HostStore, &mut HostLog);
-        worker.flush_metrics(&mut HostMetrics);
+        let mut host = self.host.clone();
+        if let Some(worker) = &self.worker {
+            if let Ok(mut worker) = worker.try_borrow_mut() {
+                worker.sync(now_ms, &self.host, &mut host);
+                worker.flush_metrics(&mut host);
+            }
+        } else if let Ok(mut holds) = self.holds.try_borrow_mut() {
+            holds.check(now_ms, &mut host);
+            holds.flush_metrics(&mut host);
+        }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        // Never None: the SDK panics on None. Without a worker the context passes through.
-        let placement = Rc::clone(&self.placement);
-        Some(match self.role {
-            Role::Downstream => Box::new(HedgeHttp::new(self.worker.clone(), placement)),
-            Role::Upstream => Box::new(HoldHttp::new(Rc::clone(&self.holds), placement)),
-        })
+    /// The context of a new HTTP stream (without a worker, a downstream one
+    /// passes requests through, removing client control headers).
+    pub fn stream(&self) -> Stream<H> {
+        let (host, placement) = (self.host.clone(), Rc::clone(&self.placement));
+        match self.role {
+            Role::Downstream => {
+                Stream::Downstream(DownstreamRequest::new(host, self.worker.clone(), placement))
+            }
+            Role::Upstream => Stream::Upstream(UpstreamAttempt::new(
+                host,
+                Rc::clone(&self.holds),
+                placement,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::MAX_RETRIES;
+    use crate::proxy::fake::{plugin, FakeHost};
+    use crate::proxy::host::Action;
+
+    fn configure(json: &str) -> (FakeHost, bool) {
+        let host = FakeHost::default();
+        host.state_mut().configuration = Some(json.as_bytes().to_vec());
+        let ok = Plugin::new(host.clone()).on_configure(json.len());
+        (host, ok)
     }
 
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
+    #[test]
+    fn a_bad_config_is_refused_with_its_field_named() {
+        let (host, ok) = configure(r#"{"percentile": 2}"#);
+        assert!(!ok);
+        assert!(host.logged("invalid plugin config: field \"percentile\" = 2"));
+        assert_eq!(host.state().tick_ms, None);
+    }
+
+    #[test]
+    fn a_good_config_is_logged_with_its_warnings_and_sets_the_tick() {
+        let (host, ok) = configure(r#"{"sync_interval": "100ms", "trust_client_headers": true}"#);
+        assert!(ok);
+        assert!(host.logged(r#""sync_interval":"100ms""#));
+        assert!(host.logged("trust_client_headers is on"));
+        assert_eq!(host.state().tick_ms, Some(100));
+        let (host, ok) = configure(r#"{"role": "upstream"}"#);
+        assert!(ok);
+        assert!(host.logged(r#"configured: {"role":"upstream"}"#));
+        assert_eq!(host.state().tick_ms, Some(UPSTREAM_TICK_MS));
+        // no configuration at all: every default
+        let (host, ok) = configure("");
+        assert!(ok);
+        assert!(host.logged(r#""role":"downstream""#));
+    }
+
+    #[test]
+    fn host_failures_while_configuring_refuse_the_config() {
+        for call in ["plugin_configuration", "set_tick_period_ms"] {
+            let host = FakeHost::default();
+            host.state_mut().configuration = Some(b"{}".to_vec());
+            host.fail(call);
+            assert!(!Plugin::new(host.clone()).on_configure(2), "{call}");
+            assert!(host.logged("adaptive-hedge: cannot"), "{call}");
+        }
+    }
+
+    #[test]
+    fn a_tick_without_a_clock_or_shared_memory_changes_nothing() {
+        let (host, mut plugin) = plugin("{}");
+        host.fail("now_ns");
+        plugin.on_tick();
+        assert_eq!(host.calls_to("get_shared_data"), 0);
+        host.state_mut().failing = vec!["get_shared_data".into()];
+        host.request(Some("backend"), &[(":method", "GET")]);
+        let Stream::Downstream(mut r) = plugin.stream() else {
+            panic!("wrong role")
+        };
+        r.on_request_headers();
+        plugin.on_tick();
+        assert!(host.logged("get_shared_data(registry) failed"));
+        assert_eq!(host.stat("adaptive_hedge.host_errors_total"), Some(1));
+    }
+
+    #[test]
+    fn the_downstream_role_in_a_cluster_chain_says_so_and_passes_through() {
+        let (host, plugin) = plugin("{}");
+        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+        host.set_property(b"upstream\0address", b"10.0.0.1:80");
+        let Stream::Downstream(mut r) = plugin.stream() else {
+            panic!("wrong role")
+        };
+        assert_eq!(r.on_request_headers(), Action::Continue);
+        assert!(host.logged("running as an upstream filter"));
+        assert_eq!(host.calls_to("request_header_pairs"), 0);
+        // checked once per VM: the next request does not ask again
+        host.request(Some("backend"), &[(":method", "GET")]);
+        let Stream::Downstream(mut r) = plugin.stream() else {
+            panic!("wrong role")
+        };
+        r.on_request_headers();
+        assert_eq!(host.state().calls.len(), 0);
     }
 }

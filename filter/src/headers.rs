@@ -1,0 +1,31 @@
+//! The HTTP header names the filter reads, writes and removes. Depends on
+//! nothing else in the crate.
+
+/// Envoy's router: the per-try timeout, which is the hedge trigger.
+pub const PER_TRY_TIMEOUT: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
+/// Envoy's router: a per-try timeout starts a hedge instead of cancelling
+/// the attempt. Exactly `true`: other spellings silently mean a plain retry.
+pub const HEDGE_ON_PER_TRY_TIMEOUT: &str = "x-envoy-hedge-on-per-try-timeout";
+/// Envoy's router: extra attempts allowed (the hedges paid for).
+pub const MAX_RETRIES: &str = "x-envoy-max-retries";
+/// Envoy's router: without a retry-on value the per-try timeout does nothing.
+pub const RETRY_ON: &str = "x-envoy-retry-on";
+pub const RETRY_GRPC_ON: &str = "x-envoy-retry-grpc-on";
+
+/// Every request header that can make Envoy send more than one attempt.
+/// A client never sets them: the filter removes or overwrites each one.
+pub const CONTROL_HEADERS: [&str; 5] = [
+    PER_TRY_TIMEOUT,
+    HEDGE_ON_PER_TRY_TIMEOUT,
+    MAX_RETRIES,
+    RETRY_ON,
+    RETRY_GRPC_ON,
+];
+
+/// Set by the downstream role on the requests it arms when `latency_signal`
+/// is `first_byte`; the upstream role holds only marked attempts' headers.
+/// Removed from anything a client sends.
+pub const FIRST_BYTE_MARKER: &str = "x-adaptive-hedge-first-byte";
+
+/// Response header with the filter's decision, when `debug_header` is on.
+pub const DEBUG_HEADER: &str = "x-adaptive-hedge";

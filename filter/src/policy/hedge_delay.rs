@@ -1,0 +1,206 @@
+//! After how long a request is hedged: the delay each cluster learns from
+//! its latency window, computed on the sync tick (never per request), and
+//! the budget terms that go with the quantile it is taken at.
+
+use std::time::Duration;
+
+use super::budget::{micro_tokens, BudgetTerms};
+use super::config::ClusterPolicy;
+use super::sketch::Sketch;
+
+/// The learned hedge delay of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HedgeDelay {
+    /// The delay before clamping would round to this; kept for the gauge.
+    pub delay_us: u64,
+    /// What goes into `x-envoy-upstream-rq-per-try-timeout-ms` (rounded up).
+    pub per_try_timeout_ms: u64,
+}
+
+/// The delay to arm requests with; `None` while the window holds fewer than
+/// `min_samples` (still warming up).
+///
+/// It is the larger of the quantile over the whole window and the quantile
+/// over its most recent slices (`recent`, once they hold `min_samples`
+/// themselves). Why the larger: when latency shifts up, the window's older,
+/// faster samples hold its quantile low for most of a window, so nearly
+/// every request outlives the delay, the budget runs dry on whichever come
+/// first, and the real stragglers go unhedged. The recent quantile follows
+/// the shift within a slice. When latency shifts down, the window forgets the
+/// slow samples in one window; meanwhile the delay errs high, which costs
+/// some tail but never extra load.
+pub fn hedge_delay(policy: &ClusterPolicy, window: &Sketch, recent: &Sketch) -> Option<HedgeDelay> {
+    if window.count() < policy.min_samples {
+        return None;
+    }
+    let trigger = trigger_quantile(policy);
+    let mut quantile_us = window.quantile(trigger)?;
+    if recent.count() >= policy.min_samples {
+        if let Some(recent_us) = recent.quantile(trigger) {
+            quantile_us = quantile_us.max(recent_us);
+        }
+    }
+    let min_us = policy.min_delay.as_micros() as f64;
+    let max_us = policy.max_delay.as_micros() as f64;
+    let delay_us = quantile_us.clamp(min_us, max_us).round() as u64;
+    let per_try_timeout_ms = Duration::from_micros(delay_us)
+        .as_micros()
+        .div_ceil(1000)
+        .max(1) as u64;
+    Some(HedgeDelay {
+        delay_us,
+        per_try_timeout_ms,
+    })
+}
+
+/// Of the budget, the share the delay plans to spend (see `trigger_quantile`).
+pub const PLANNED_BUDGET_SHARE: f64 = 0.8;
+
+/// The quantile the delay is taken at: `percentile`, or higher when the
+/// budget cannot pay for that many hedges. Why: hedging after the p90 plans a
+/// hedge for 10% of requests; with a 10% budget, demand and supply are equal,
+/// the token balance random-walks to zero under ordinary noise, and the
+/// refusals then fall on random requests, stragglers included (on real Envoy
+/// this cost more p99 than a static delay at the same load). Planning to
+/// spend at most 80% of the budget keeps refusals rare: with the defaults
+/// (p90, 10%) the delay is the p92.
+pub fn trigger_quantile(policy: &ClusterPolicy) -> f64 {
+    let affordable = 1.0 - PLANNED_BUDGET_SHARE * policy.budget_share();
+    policy.percentile.max(affordable).min(1.0)
+}
+
+/// The least an armed request sets aside (a twentieth of a token), for
+/// very high percentiles.
+const MIN_SET_ASIDE: f64 = 0.05;
+
+/// A cluster's budget terms, derived once when the cluster is first seen.
+/// An armed request sets aside per hedge the share of requests expected to
+/// outlive the delay (see `budget`).
+pub fn budget_terms(policy: &ClusterPolicy) -> BudgetTerms {
+    BudgetTerms {
+        share: micro_tokens(policy.budget_share()),
+        burst: micro_tokens(policy.budget_burst),
+        set_aside: micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::config::TextDuration;
+
+    fn window_of(values_us: &[f64]) -> Sketch {
+        let mut s = Sketch::new();
+        for &v in values_us {
+            s.add(v);
+        }
+        s
+    }
+
+    /// A budget that affords the configured percentile as it is.
+    const ROOMY: f64 = 50.0;
+
+    fn policy(min_samples: u64) -> ClusterPolicy {
+        ClusterPolicy {
+            min_samples,
+            budget_percent: ROOMY,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
+        let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
+        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new()).unwrap();
+        assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
+        assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
+
+        let tight = ClusterPolicy {
+            max_delay: TextDuration(Duration::from_millis(3)),
+            ..policy(10)
+        };
+        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new()).unwrap();
+        assert_eq!(clamped.per_try_timeout_ms, 3);
+        let floor = ClusterPolicy {
+            min_delay: TextDuration(Duration::from_millis(20)),
+            ..policy(10)
+        };
+        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new()).unwrap();
+        assert_eq!(floored.per_try_timeout_ms, 20);
+    }
+
+    #[test]
+    fn recent_slices_raise_the_delay_but_never_lower_it() {
+        let policy = policy(50);
+        let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p90 9 ms
+        let slow: Vec<f64> = (1..=100).map(|i| i as f64 * 300.0).collect(); // p90 27 ms
+        let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
+        let mut window = window_of(&old);
+        window.merge(&window_of(&slow));
+        let up = hedge_delay(&policy, &window, &window_of(&slow))
+            .unwrap()
+            .delay_us as f64;
+        assert!(
+            (up / 27_000.0 - 1.0).abs() < 0.02,
+            "follows the shift up at once: {up}"
+        );
+        let mut window = window_of(&old);
+        window.merge(&window_of(&fast));
+        let down = hedge_delay(&policy, &window, &window_of(&fast))
+            .unwrap()
+            .delay_us as f64;
+        assert!(down > 8_000.0, "a shift down waits for the window: {down}");
+        // too few recent samples: ignored
+        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]))
+            .unwrap()
+            .delay_us as f64;
+        assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
+    }
+
+    #[test]
+    fn the_delay_plans_to_spend_at_most_80_percent_of_the_budget() {
+        let at = |percentile, budget_percent| {
+            trigger_quantile(&ClusterPolicy {
+                percentile,
+                budget_percent,
+                ..Default::default()
+            })
+        };
+        // p90 with a 10% budget would plan to spend all of it: p92.
+        assert!((at(0.9, 10.0) - 0.92).abs() < 1e-9);
+        assert!((at(0.9, 5.0) - 0.96).abs() < 1e-9);
+        // A budget that affords the percentile leaves it alone.
+        assert!((at(0.95, 10.0) - 0.95).abs() < 1e-9);
+        assert!((at(0.9, 50.0) - 0.9).abs() < 1e-9);
+
+        // Defaults, 0.1..10 ms uniform: the delay is the p92.
+        let policy = ClusterPolicy {
+            min_samples: 10,
+            ..Default::default()
+        };
+        let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
+        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
+        assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
+    }
+
+    #[test]
+    fn warming_up_until_min_samples() {
+        let policy = policy(100);
+        let none = hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new());
+        assert_eq!(none, None);
+        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new()).is_some());
+    }
+
+    #[test]
+    fn an_armed_request_sets_aside_its_expected_cost() {
+        let terms = budget_terms(&ClusterPolicy::default());
+        assert_eq!(terms.share, 100_000);
+        assert_eq!(terms.burst, 10_000_000);
+        assert_eq!(terms.set_aside, 80_000, "1 - p92");
+        let high = budget_terms(&ClusterPolicy {
+            percentile: 0.999,
+            ..Default::default()
+        });
+        assert_eq!(high.set_aside, 50_000, "never less than a twentieth");
+    }
+}

@@ -1,0 +1,472 @@
+//! The downstream role's request: one per HTTP request. Request headers ->
+//! the worker's plan, carried out (headers removed and set); response -> a
+//! latency sample; end of stream -> the hedges settled. Every decision is
+//! the plan's; this file only performs host calls and keeps what the later
+//! callbacks need (request headers cannot be read on the response path).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::host::{int_property, Action, Host};
+use super::placement::Placement;
+use crate::header_pairs::scan;
+use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
+use crate::policy::config::LatencySignal;
+use crate::policy::decision::{
+    unplanned, Arming, ClusterId, Decision, Plan, Request, Settlement, Strip,
+};
+use crate::policy::worker::Worker;
+
+pub const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
+const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
+const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
+/// `response.code_details` of a response that came from an upstream (not a
+/// local reply such as no healthy upstream, connect failure or timeout).
+const VIA_UPSTREAM: &[u8] = b"via_upstream";
+
+pub struct DownstreamRequest<H: Host> {
+    host: H,
+    worker: Option<Rc<RefCell<Worker>>>,
+    placement: Rc<Placement>,
+    signal: LatencySignal,
+    debug_header: bool,
+    /// Kept only for the debug header.
+    decision: Option<Decision>,
+    /// The cluster a latency sample goes to, and when the request started.
+    sample: Option<(ClusterId, u64)>,
+    /// Hedges paid for when armed; settled when the stream ends.
+    settlement: Option<Settlement>,
+}
+
+impl<H: Host> DownstreamRequest<H> {
+    pub fn new(host: H, worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
+        let (signal, debug_header) = worker
+            .as_ref()
+            .and_then(|w| {
+                let w = w.try_borrow().ok()?;
+                Some((w.config().latency_signal, w.config().debug_header))
+            })
+            .unwrap_or((LatencySignal::Headers, false));
+        DownstreamRequest {
+            host,
+            worker,
+            placement,
+            signal,
+            debug_header,
+            decision: None,
+            sample: None,
+            settlement: None,
+        }
+    }
+
+    pub fn on_request_headers(&mut self) -> Action {
+        if !self.placement.in_place(&mut self.host) {
+            return Action::Continue;
+        }
+        let pairs = self.host.request_header_pairs().ok().flatten();
+        let request = pairs
+            .as_deref()
+            .and_then(scan)
+            .unwrap_or(Request::UNREADABLE);
+        let plan = self.plan(&request);
+        self.carry_out(plan);
+        Action::Continue
+    }
+
+    /// The worker's plan for this request.
+    fn plan(&mut self, request: &Request) -> Plan {
+        let Some(worker) = self.worker.clone() else {
+            return unplanned(request);
+        };
+        let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
+        #[cfg(feature = "fault-injection")]
+        super::fault_injection::inject(&self.host, cluster.as_deref());
+        let Ok(mut worker) = worker.try_borrow_mut() else {
+            return unplanned(request);
+        };
+        worker.plan(cluster.as_deref(), request)
+    }
+
+    fn carry_out(&mut self, plan: Plan) {
+        self.strip(plan.strip);
+        if let (true, Some(cluster)) = (plan.sample, plan.cluster) {
+            // A sample costs three host calls (two clocks, the response's origin).
+            if let Ok(now) = self.host.now_ns() {
+                self.sample = Some((cluster, now));
+            }
+        }
+        if let Decision::Arm(arming) = &plan.decision {
+            if self.arm(arming) {
+                self.settlement = plan.settlement();
+            } else {
+                // Nothing armed may be left behind, and the tokens go back.
+                self.strip(Strip::ALL);
+                if let (Some(settlement), Some(worker)) = (plan.settlement(), &self.worker) {
+                    if let Ok(mut worker) = worker.try_borrow_mut() {
+                        worker.settle(settlement, Some(1));
+                    }
+                }
+            }
+        }
+        if self.debug_header {
+            self.decision = Some(plan.decision);
+        }
+    }
+
+    /// Sets the arming headers in the plan's order; false at the first failure.
+    fn arm(&self, arming: &Arming) -> bool {
+        arming.headers().all(|(name, value)| {
+            let mut buf = [0u8; 20];
+            self.host
+                .set_request_header(name, value.bytes(&mut buf))
+                .is_ok()
+        })
+    }
+
+    fn strip(&self, strip: Strip) {
+        if strip.control {
+            for name in CONTROL_HEADERS {
+                let _ = self.host.remove_request_header(name);
+            }
+        }
+        if strip.marker {
+            let _ = self.host.remove_request_header(FIRST_BYTE_MARKER);
+        }
+    }
+
+    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        if let (true, Some(decision)) = (self.debug_header, &self.decision) {
+            let _ = self
+                .host
+                .set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
+        }
+        if self.signal == LatencySignal::Headers || end_of_stream {
+            self.record_sample();
+        }
+        Action::Continue
+    }
+
+    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
+            self.record_sample();
+        }
+        Action::Continue
+    }
+
+    /// Records the latency of an upstream response, once.
+    fn record_sample(&mut self) {
+        let Some((cluster, started_ns)) = self.sample.take() else {
+            return;
+        };
+        // Local replies (no healthy host, connect failure, timeouts) are not
+        // the upstream's latency.
+        let origin = self.host.property(RESPONSE_CODE_DETAILS).ok().flatten();
+        if origin.as_deref() != Some(VIA_UPSTREAM) {
+            return;
+        }
+        let (Ok(now), Some(worker)) = (self.host.now_ns(), &self.worker) else {
+            return;
+        };
+        if let Ok(mut worker) = worker.try_borrow_mut() {
+            worker.on_response(cluster, now.saturating_sub(started_ns) / 1000);
+        }
+    }
+
+    pub fn on_log(&mut self) {
+        let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
+            return;
+        };
+        let attempts = int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
+        if let Ok(mut worker) = worker.try_borrow_mut() {
+            worker.settle(settlement, attempts);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::{MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON};
+    use crate::proxy::fake::{plugin, FakeHost};
+    use crate::proxy::root::{Plugin, Stream};
+
+    fn request(plugin: &Plugin<FakeHost>) -> DownstreamRequest<FakeHost> {
+        match plugin.stream() {
+            Stream::Downstream(r) => r,
+            Stream::Upstream(_) => panic!("a downstream plugin made an upstream context"),
+        }
+    }
+
+    /// One request through every callback: `headers` in, a response from
+    /// the upstream after `latency_ms`, `attempts` started by the router.
+    fn exchange(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        headers: &[(&str, &str)],
+        latency_ms: u64,
+        attempts: i64,
+    ) -> DownstreamRequest<FakeHost> {
+        host.request(Some("backend"), headers);
+        let mut r = request(plugin);
+        assert_eq!(r.on_request_headers(), Action::Continue);
+        host.advance_ms(latency_ms);
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.set_property(ATTEMPT_COUNT, &attempts.to_le_bytes());
+        assert_eq!(r.on_response_headers(false), Action::Continue);
+        assert_eq!(r.on_response_body(10, true), Action::Continue);
+        r.on_log();
+        r
+    }
+
+    const GET: &[(&str, &str)] = &[(":method", "GET"), (":path", "/")];
+
+    /// A plugin whose `backend` cluster has learned a ~5 ms delay and saved
+    /// up budget.
+    fn warmed(json: &str) -> (FakeHost, Plugin<FakeHost>) {
+        let (host, mut plugin) = plugin(json);
+        for _ in 0..150 {
+            exchange(&host, &plugin, GET, 5, 1);
+        }
+        plugin.on_tick(); // registers the cluster
+        plugin.on_tick(); // merges the samples: armed from here
+        (host, plugin)
+    }
+
+    fn stat(host: &FakeHost, name: &str) -> u64 {
+        host.stat(&format!("adaptive_hedge.{name}.backend"))
+            .unwrap_or_else(|| panic!("{name} was never defined"))
+    }
+
+    #[test]
+    fn an_armed_request_gets_the_router_headers_and_the_debug_header() {
+        let (host, plugin) = warmed(r#"{"debug_header": true}"#);
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        let set: Vec<String> = host
+            .state()
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("set_request_header"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            set,
+            [
+                "set_request_header x-envoy-hedge-on-per-try-timeout",
+                "set_request_header x-envoy-max-retries",
+                "set_request_header x-envoy-retry-on",
+                "set_request_header x-envoy-upstream-rq-per-try-timeout-ms",
+            ]
+        );
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
+        assert_eq!(
+            host.request_header_text(PER_TRY_TIMEOUT).as_deref(),
+            Some("5"),
+            "a 5 ms cluster's delay (within the sketch's 1%), rounded up to ms"
+        );
+        assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        r.on_response_headers(false);
+        assert_eq!(
+            host.response_header_text(DEBUG_HEADER).as_deref(),
+            Some("armed; delay_ms=5; hedges=1")
+        );
+    }
+
+    #[test]
+    fn hedges_not_sent_are_refunded_and_sent_ones_paid() {
+        let (host, mut plugin) = warmed("{}");
+        exchange(&host, &plugin, GET, 2, 1); // ended before its hedge
+        exchange(&host, &plugin, GET, 9, 2); // hedged
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        r.on_log(); // no attempt count: paid as sent
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_armed_total"), 3);
+        assert_eq!(stat(&host, "hedges_refunded_total"), 1);
+        assert_eq!(stat(&host, "hedges_sent_total"), 2);
+        assert_eq!(stat(&host, "requests_total"), 153);
+    }
+
+    #[test]
+    fn a_failed_header_write_disarms_and_refunds_at_once() {
+        let (host, mut plugin) = warmed(r#"{"latency_signal": "first_byte"}"#);
+        host.fail(&format!("set_request_header {MAX_RETRIES}"));
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        // the marker and the hedge header went in before the failure: gone again
+        let s = host.state();
+        assert!(
+            s.request_headers.iter().all(|(n, _)| !n.starts_with("x-")),
+            "{:?}",
+            s.request_headers
+        );
+        assert_eq!(
+            s.calls
+                .iter()
+                .filter(|c| c.starts_with("remove_request_header"))
+                .count(),
+            CONTROL_HEADERS.len() + 1
+        );
+        drop(s);
+        assert!(r.settlement.is_none(), "settled already");
+        r.on_log();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_armed_total"), 1);
+        assert_eq!(stat(&host, "hedges_refunded_total"), 1);
+        assert_eq!(stat(&host, "hedges_sent_total"), 0);
+    }
+
+    #[test]
+    fn a_client_never_switches_hedging_on() {
+        let (host, plugin) = warmed("{}");
+        let hostile = [
+            (":method", "POST"),
+            (MAX_RETRIES, "5"),
+            (PER_TRY_TIMEOUT, "1"),
+            (RETRY_GRPC_ON, "cancelled"),
+            (FIRST_BYTE_MARKER, "1"),
+        ];
+        host.request(Some("backend"), &hostile);
+        request(&plugin).on_request_headers();
+        let left: Vec<String> = host
+            .state()
+            .request_headers
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert_eq!(left, [":method"]);
+        // armed: the client's values are overwritten; its marker removed
+        let mut get = hostile;
+        get[0] = (":method", "GET");
+        host.request(Some("backend"), &get);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
+        assert_ne!(
+            host.request_header_text(PER_TRY_TIMEOUT).as_deref(),
+            Some("1")
+        );
+        assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
+    }
+
+    #[test]
+    fn nothing_to_remove_costs_no_host_call() {
+        let (host, plugin) = warmed("{}");
+        host.request(Some("backend"), &[(":method", "POST")]);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("remove_request_header"), 0);
+        assert_eq!(host.calls_to("set_request_header"), 0);
+        // the first requests of a tick are timed: a clock read
+        assert_eq!(host.state().calls.len(), 3, "{:?}", host.state().calls);
+    }
+
+    #[test]
+    fn a_trusted_client_keeps_its_headers() {
+        let (host, plugin) = warmed(r#"{"trust_client_headers": true}"#);
+        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("5"));
+        assert_eq!(host.calls_to("set_request_header"), 0);
+    }
+
+    #[test]
+    fn unreadable_headers_mean_not_armed_and_everything_removed() {
+        let (host, plugin) = warmed("{}");
+        host.fail("request_header_pairs");
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("set_request_header"), 0);
+        assert_eq!(
+            host.calls_to("remove_request_header"),
+            CONTROL_HEADERS.len() + 1
+        );
+    }
+
+    #[test]
+    fn an_unreadable_cluster_is_no_cluster() {
+        let (host, plugin) = warmed(r#"{"debug_header": true}"#);
+        host.fail("property xds.cluster_name");
+        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "3")]);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES), None);
+        r.on_response_headers(true);
+        assert_eq!(
+            host.response_header_text(DEBUG_HEADER).as_deref(),
+            Some("skipped; reason=no_cluster")
+        );
+    }
+
+    #[test]
+    fn only_upstream_responses_are_latency_samples() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 1}"#);
+        for origin in [
+            &b"via_upstream"[..],
+            b"upstream_reset_before_response_started",
+        ] {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            host.advance_ms(50);
+            host.set_property(RESPONSE_CODE_DETAILS, origin);
+            r.on_response_headers(false);
+            r.on_response_headers(false); // once only
+        }
+        // a clock that fails: no sample either
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        host.fail("now_ns");
+        r.on_response_headers(false);
+        host.state_mut().failing.clear();
+        plugin.on_tick();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "window_samples"), 1);
+        let delay = stat(&host, "hedge_delay_us") as f64;
+        assert!((delay / 50_000.0 - 1.0).abs() < 0.01, "{delay}");
+    }
+
+    #[test]
+    fn first_byte_mode_times_the_first_body_chunk_and_marks_armed_requests() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 1, "latency_signal": "first_byte"}"#);
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.advance_ms(1);
+        r.on_response_headers(false); // headers at once: not the sample
+        host.advance_ms(200);
+        r.on_response_body(0, false); // an empty chunk: not a first byte
+        host.advance_ms(100);
+        r.on_response_body(5, false);
+        plugin.on_tick();
+        plugin.on_tick();
+        let delay = stat(&host, "hedge_delay_us") as f64;
+        assert!((delay / 301_000.0 - 1.0).abs() < 0.01, "{delay}");
+        for _ in 0..20 {
+            exchange(&host, &plugin, GET, 300, 1);
+        }
+        plugin.on_tick();
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert_eq!(
+            host.request_header_text(FIRST_BYTE_MARKER).as_deref(),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn a_busy_worker_leaves_the_request_alone_but_strips_the_client() {
+        let (host, plugin) = warmed("{}");
+        let mut r = request(&plugin);
+        let worker = r.worker.clone().unwrap();
+        let _busy = worker.borrow_mut();
+        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+        r.on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES), None);
+        assert_eq!(host.calls_to("set_request_header"), 0);
+    }
+}

@@ -1,0 +1,96 @@
+//! The proxy-wasm SDK's traits, each callback handed to the role's flow with
+//! the ABI as its host (wasm32 only). Nothing is decided here.
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action as SdkAction, ContextType};
+
+use super::abi::Abi;
+use super::downstream::DownstreamRequest;
+use super::host::Action;
+use super::root::{Plugin, Stream};
+use super::upstream::UpstreamAttempt;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        Box::new(Root(Plugin::new(Abi)))
+    });
+}}
+
+fn sdk(action: Action) -> SdkAction {
+    match action {
+        Action::Continue => SdkAction::Continue,
+        Action::Pause => SdkAction::Pause,
+    }
+}
+
+struct Root(Plugin<Abi>);
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
+        self.0.on_configure(plugin_configuration_size)
+    }
+
+    fn on_tick(&mut self) {
+        self.0.on_tick();
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Never None: the SDK panics on None.
+        Some(match self.0.stream() {
+            Stream::Downstream(request) => Box::new(request),
+            Stream::Upstream(attempt) => Box::new(attempt),
+        })
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+impl Context for DownstreamRequest<Abi> {}
+
+impl HttpContext for DownstreamRequest<Abi> {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> SdkAction {
+        sdk(self.on_request_headers())
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
+        sdk(self.on_response_headers(end_of_stream))
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> SdkAction {
+        sdk(self.on_response_body(body_size, end_of_stream))
+    }
+
+    fn on_log(&mut self) {
+        DownstreamRequest::on_log(self);
+    }
+}
+
+impl Context for UpstreamAttempt<Abi> {
+    fn on_done(&mut self) -> bool {
+        UpstreamAttempt::on_done(self);
+        true
+    }
+}
+
+impl HttpContext for UpstreamAttempt<Abi> {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> SdkAction {
+        sdk(self.on_request_headers())
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
+        sdk(self.on_response_headers(end_of_stream))
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> SdkAction {
+        sdk(self.on_response_body(body_size, end_of_stream))
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> SdkAction {
+        sdk(self.on_response_trailers())
+    }
+}
