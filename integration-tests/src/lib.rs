@@ -1,16 +1,16 @@
-//! Test support for adaptive-hedge against the real Envoy binary: an upstream
-//! simulator ([`sim`]), an Envoy harness ([`envoy`]) and load generators
-//! ([`load`]). Every server listens on 127.0.0.1 on a port picked at run time
-//! and is stopped when its handle drops.
+//! adaptive-hedge against the real Envoy binary. Three rooms:
+//!
+//! - [`harness`]: the Envoy process, the simulated upstream hosts and the
+//!   load generators. Every server listens on 127.0.0.1 on a port picked at
+//!   run time and is stopped when its handle drops.
+//! - `tests/`: one file per promise (hedging, adaptive, faults, streaming,
+//!   config and metrics, tail, deploy; `deploy_tools` needs root-installed
+//!   tools and runs under `make test-deploy`).
+//! - [`tools`] and `src/bin/`: `bench`, `demo`, `soak`, `check-configs`, and
+//!   the `sim` and `load` programs the docker-compose demo runs.
 
-pub mod callgrind;
-pub mod config_check;
-pub mod envoy;
-pub mod load;
-pub mod scenario;
-pub mod sim;
-pub mod timer;
-pub mod virtual_time;
+pub mod harness;
+pub mod tools;
 
 /// A small multi-thread runtime for a test's client side.
 pub fn runtime() -> tokio::runtime::Runtime {

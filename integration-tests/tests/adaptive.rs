@@ -5,10 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use integration_tests::envoy::{Envoy, EnvoyOptions};
-use integration_tests::load::{self, request};
+use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, request};
+use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
-use integration_tests::sim::{Latency, Simulator};
 
 fn lognormal(mean_ms: f64, sd_ms: f64) -> Latency {
     Latency::LogNormal {
@@ -252,7 +252,7 @@ fn two_workers_learn_together() {
 /// `envoy --mode validate` accepts every config under envoy-configs/.
 #[test]
 fn every_shipped_config_validates() {
-    let dir = integration_tests::envoy::repo_root().join("envoy-configs");
+    let dir = integration_tests::harness::envoy::repo_root().join("envoy-configs");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().to_string();

@@ -4,10 +4,10 @@ mod common;
 
 use std::time::Duration;
 
-use integration_tests::envoy::{Envoy, EnvoyOptions};
-use integration_tests::load;
+use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::load;
+use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
-use integration_tests::sim::{Latency, Simulator};
 
 /// Each mistake makes Envoy refuse to start, and its log names the field.
 #[test]

@@ -1,85 +1,25 @@
 //! Where users run the filter: the docker-compose demo, the OCI image, the
-//! Istio and Envoy Gateway manifests, and func-e. No Docker engine or
-//! Kubernetes here, so each is checked as far as real tools allow: compose
-//! by `docker-compose config` and by running its services natively, the
-//! Envoy configs by `envoy --mode validate`, the image by umoci and skopeo,
-//! the manifests' plugin configs by the filter's own config validation.
+//! Istio and Envoy Gateway manifests. No Docker engine or Kubernetes here,
+//! so each is checked as far as the tools `make test` installs allow: compose
+//! by its file and by running its services natively, the Envoy configs by
+//! `envoy --mode validate`, the image by its layout and digests, the
+//! manifests' plugin configs by the filter's own validation. What needs
+//! docker-compose, skopeo, umoci or func-e is in `deploy_tools.rs`
+//! (`make test-deploy`).
 
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use adaptive_hedge::policy::config::Config;
-use integration_tests::envoy::{self, repo_root, Envoy, EnvoyOptions, Launcher};
-use serde::Deserialize;
+use common::deploy::{
+    blob, build_image, get, of_kind, run, sha256_hex, str_at, yaml_docs, ENVOY_VERSION, IMAGE_TAG,
+    MANIFESTS,
+};
+use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
 use serde_yaml::Value;
-use sha2::{Digest, Sha256};
-
-const ENVOY_VERSION: &str = "1.40.0";
-const IMAGE_TAG: &str = env!("CARGO_PKG_VERSION");
-/// The manifests that quote the image digest.
-const MANIFESTS: [&str; 4] = [
-    "envoy-configs/istio/wasmplugin.yaml",
-    "envoy-configs/gateway/adaptive-hedge.yaml",
-    "envoy-configs/istio/streaming.yaml",
-    "envoy-configs/gateway/streaming.yaml",
-];
-
-/// A tool this test needs; CI installs them (`make setup-deploy`). `go
-/// install` puts func-e in ~/go/bin, which need not be on `PATH`.
-fn tool(name: &str) -> PathBuf {
-    let go_bin = Path::new(&std::env::var("HOME").unwrap_or_default())
-        .join("go/bin")
-        .join(name);
-    envoy::on_path(name)
-        .or_else(|| go_bin.is_file().then_some(go_bin))
-        .unwrap_or_else(|| {
-            panic!("{name} not found: run `make setup-deploy` (docker-compose, skopeo, umoci from Debian; func-e by go install)")
-        })
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-    text
-}
-
-fn yaml_docs(relative: &str) -> Vec<Value> {
-    let path = repo_root().join(relative);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{relative}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{relative}: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn get<'a>(v: &'a Value, path: &str) -> &'a Value {
-    path.split('.')
-        .fold(v, |v, key| match key.parse::<usize>() {
-            Ok(i) => &v[i],
-            Err(_) => &v[key],
-        })
-}
-
-fn str_at<'a>(v: &'a Value, path: &str) -> &'a str {
-    get(v, path)
-        .as_str()
-        .unwrap_or_else(|| panic!("{path}: not a string in {v:?}"))
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter()
-        .filter(|d| d["kind"].as_str() == Some(kind))
-        .collect()
-}
 
 /// A manifest's plugin config through the filter's own validation: what
 /// Envoy would refuse fails here, naming the field.
@@ -88,23 +28,9 @@ fn check_plugin_config(where_: &str, config: &Value) -> Config {
     Config::parse(&json).unwrap_or_else(|e| panic!("{where_}: {e}"))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[test]
-fn compose_file_is_valid_and_everything_it_uses_exists() {
+fn compose_file_runs_the_demo_and_everything_it_mounts_exists() {
     let root = repo_root();
-    let compose = tool("docker-compose");
-    run(Command::new(&compose).current_dir(&root).args([
-        "-f",
-        "docker-compose.yml",
-        "config",
-        "-q",
-    ]));
 
     let doc = &yaml_docs("docker-compose.yml")[0];
     let services = doc["services"].as_mapping().expect("services");
@@ -232,7 +158,7 @@ fn compose_streaming_profile_is_valid() {
     for n in 1..=3 {
         assert!(text.contains(&format!("address: sim-stream-{n}, port_value: 8080")));
     }
-    let report = integration_tests::config_check::check(&text);
+    let report = integration_tests::tools::config_check::check(&text);
     assert!(
         report.problems.is_empty() && report.upstream == 1,
         "{report:?}"
@@ -312,24 +238,6 @@ impl Drop for ChildGuard {
     }
 }
 
-fn build_image(dir: &Path) -> String {
-    let out = run(Command::new("python3")
-        .current_dir(repo_root())
-        .arg("tools/oci_image.py")
-        .arg("build")
-        .arg(envoy::wasm_path())
-        .arg(dir)
-        .arg(IMAGE_TAG));
-    out.trim().to_string()
-}
-
-fn blob(dir: &Path, digest: &str) -> Vec<u8> {
-    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
-    let bytes = std::fs::read(dir.join("blobs/sha256").join(hex)).expect("blob");
-    assert_eq!(sha256_hex(&bytes), hex, "blob {digest} is corrupt");
-    bytes
-}
-
 #[test]
 fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-oci-{}", std::process::id()));
@@ -388,13 +296,6 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
         config["rootfs"]["diff_ids"][0],
         format!("sha256:{}", sha256_hex(&tar_bytes))
     );
-
-    // Real OCI tools read it.
-    let reference = format!("{}:{IMAGE_TAG}", dir.display());
-    let inspect = run(Command::new(tool("skopeo")).args(["inspect", &format!("oci:{reference}")]));
-    let inspected: serde_json::Value = serde_json::from_str(&inspect).expect("skopeo json");
-    assert_eq!(inspected["Digest"], digest.as_str());
-    run(Command::new(tool("umoci")).args(["stat", "--image", &reference]));
 
     // Reproducible: the same wasm gives the same digest, so manifests can
     // quote it; and they do.
@@ -548,60 +449,6 @@ fn a_typo_in_a_manifest_plugin_config_fails() {
     assert!(err.contains("percentile"), "{err}");
 }
 
-/// `make run` under func-e: func-e runs the Envoy binary placed in its data
-/// home (no download), and the filter works the same.
-#[test]
-fn func_e_runs_envoy_with_the_filter() {
-    let func_e = tool("func-e");
-    let home = std::env::temp_dir().join(format!("adaptive-hedge-func-e-{}", std::process::id()));
-    let bin = home.join(format!("data/envoy-versions/{ENVOY_VERSION}/bin"));
-    std::fs::create_dir_all(&bin).expect("func-e home");
-    let binary = envoy::envoy_binary();
-    let binary = binary.canonicalize().unwrap_or(binary);
-    let _ = std::fs::remove_file(bin.join("envoy"));
-    std::os::unix::fs::symlink(&binary, bin.join("envoy")).expect("symlink");
-    let env = |k: &str, sub: &str| (k.to_string(), home.join(sub).display().to_string());
-    let launcher = Launcher {
-        program: func_e,
-        args: vec!["run".into()],
-        env: vec![
-            env("FUNC_E_DATA_HOME", "data"),
-            env("FUNC_E_STATE_HOME", "state"),
-            env("FUNC_E_CONFIG_HOME", "config"),
-            env("FUNC_E_RUNTIME_DIR", "run"),
-            ("ENVOY_VERSION".into(), ENVOY_VERSION.into()),
-        ],
-    };
-    let sim = integration_tests::sim::Simulator::start(vec![
-        integration_tests::sim::Latency::fixed_ms(1);
-        3
-    ])
-    .expect("sim");
-    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).launcher(launcher))
-        .expect("envoy under func-e");
-    let rt = integration_tests::runtime();
-    let client = integration_tests::load::client();
-    let statuses = rt.block_on(async {
-        let mut statuses = Vec::new();
-        for _ in 0..20 {
-            let reply = integration_tests::load::request(&client, "GET", &envoy.url("/"), &[])
-                .await
-                .expect("request");
-            statuses.push(reply.status);
-        }
-        statuses
-    });
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    assert_eq!(
-        envoy.flushed_filter_stat("requests_total", "backend", 20),
-        20
-    );
-    assert!(envoy.log().contains("adaptive-hedge 0.1.0 configured"));
-    envoy.assert_no_vm_failure();
-    drop(envoy);
-    let _ = std::fs::remove_dir_all(&home);
-}
-
 /// The streaming manifests: the downstream role in first-byte mode where the
 /// platform's own API allows it, and the upstream role through the only door
 /// each platform has to a cluster's filter chain (Istio EnvoyFilter on the
@@ -675,7 +522,7 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
                 "/var/local/lib/adaptive-hedge/adaptive_hedge.wasm",
                 &envoy::wasm_path().display().to_string(),
             );
-        let report = integration_tests::config_check::check(&text);
+        let report = integration_tests::tools::config_check::check(&text);
         assert!(
             report.problems.is_empty() && report.upstream == 1,
             "{name}: {report:?}"

@@ -9,10 +9,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use integration_tests::envoy::{self, repo_root, Envoy, EnvoyOptions};
-use integration_tests::load::{self, request, Client};
+use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, request, Client};
+use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
-use integration_tests::sim::{Latency, Simulator};
 
 /// Learns fast (20 samples) so each test warms up in a moment.
 const QUICK: &str = r#"{"min_samples": 20}"#;

@@ -5,10 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use integration_tests::envoy::{Envoy, EnvoyOptions};
-use integration_tests::load::{self, request};
+use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, request};
+use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
-use integration_tests::sim::{Latency, Simulator};
 
 /// These tests check the race, not the budget: at the default 10% the budget
 /// is often spent at the moment the probe arrives (on a noisy box the p90

@@ -10,11 +10,11 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use integration_tests::config_check::check;
-use integration_tests::envoy::{Envoy, EnvoyOptions};
-use integration_tests::load::{self, request, Reply};
+use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, request, Reply};
+use integration_tests::harness::sim::{Latency, Simulator, Stream};
 use integration_tests::runtime;
-use integration_tests::sim::{Latency, Simulator, Stream};
+use integration_tests::tools::config_check::check;
 
 const CONFIG: &str = "envoy-streaming.yaml";
 /// The downstream role's plugin config as shipped in CONFIG.
@@ -455,7 +455,7 @@ fn only_armed_requests_are_marked() {
 /// Envoy accepts silently are refused, each with its reason.
 #[test]
 fn config_check_passes_shipped_configs_and_refuses_silent_mistakes() {
-    let root = integration_tests::envoy::repo_root();
+    let root = integration_tests::harness::envoy::repo_root();
     let mut shipped = Vec::new();
     let mut dirs = vec![root.join("envoy-configs")];
     while let Some(dir) = dirs.pop() {

@@ -2,8 +2,8 @@
 //! workload's shape (shared/ANCHORS.md) at a modest rate, without and with
 //! adaptive-hedge at zero configuration.
 
-use integration_tests::scenario::{self, Plan, Proxy, Report, Workload};
-use integration_tests::sim::Latency;
+use integration_tests::harness::sim::Latency;
+use integration_tests::tools::scenario::{self, Plan, Proxy, Report, Workload};
 
 /// Baseline then adaptive, one attempt.
 fn attempt() -> (Report, Report) {

@@ -13,11 +13,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use integration_tests::envoy::{self, Envoy, EnvoyOptions};
-use integration_tests::load;
-use integration_tests::scenario::{self, Plan, Proxy, Report, Target, Workload};
-use integration_tests::sim::{Latency, Stream};
-use integration_tests::virtual_time::{
+use integration_tests::harness::envoy::{self, Envoy, EnvoyOptions};
+use integration_tests::harness::load;
+use integration_tests::harness::sim::{Latency, Stream};
+use integration_tests::tools::scenario::{self, Plan, Proxy, Report, Target, Workload};
+use integration_tests::tools::virtual_time::{
     self, BadHost, Length, Outage, Policy, Scenario, Shift, Steady,
 };
 use serde_json::{json, Value};
@@ -755,7 +755,7 @@ fn instructions_section(
         md.push_str("Not measured in a quick run.\n\n");
         return (md, json!(null));
     }
-    if !integration_tests::callgrind::available() {
+    if !integration_tests::tools::callgrind::available() {
         md.push_str("valgrind is not installed: not measured.\n\n");
         return (md, json!(null));
     }
@@ -769,7 +769,7 @@ fn instructions_section(
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     for (name, options) in configs {
         progress(&format!("  callgrind: {name}"));
-        match integration_tests::callgrind::count(options, requests, rate) {
+        match integration_tests::tools::callgrind::count(options, requests, rate) {
             Ok(c) => rows.push((name, c.per_request, c.idle_per_second)),
             Err(e) => progress(&format!("  callgrind: {name}: failed: {e}")),
         }
@@ -806,7 +806,7 @@ fn instructions_section(
 }
 
 fn cost_once(options: &EnvoyOptions, seconds: f64) -> Result<(f64, f64), String> {
-    let sim = integration_tests::sim::Simulator::start(vec![Latency::fixed_ms(0); 4])
+    let sim = integration_tests::harness::sim::Simulator::start(vec![Latency::fixed_ms(0); 4])
         .map_err(|e| e.to_string())?;
     let mut o = EnvoyOptions::new(&options.config, sim.ports())
         .concurrency(1)

@@ -6,7 +6,7 @@
 //!
 //! Exits 1 if any file has a problem; warnings are printed, not fatal.
 
-use integration_tests::config_check::check;
+use integration_tests::tools::config_check::check;
 
 fn main() {
     let files: Vec<String> = std::env::args().skip(1).collect();

@@ -2,8 +2,8 @@
 //! loopback, with a table at the end. Every process it starts is stopped when
 //! it ends, also on Ctrl-C.
 
-use integration_tests::scenario::{self, Plan, Proxy, Workload};
-use integration_tests::sim::Latency;
+use integration_tests::harness::sim::Latency;
+use integration_tests::tools::scenario::{self, Plan, Proxy, Workload};
 
 fn main() {
     // Ctrl-C: Envoy children get the same SIGINT from the terminal; exiting
@@ -31,7 +31,7 @@ fn main() {
     println!("  workload: {workload:?}, after {warmup} warm-up requests");
     println!(
         "  Envoy {} with --concurrency 2\n",
-        integration_tests::envoy::envoy_binary().display()
+        integration_tests::harness::envoy::envoy_binary().display()
     );
     let progress = |s: &str| println!("{s}");
     let mut reports = Vec::new();
@@ -100,7 +100,7 @@ fn ctrlc_stop() -> std::io::Result<()> {
                 _ = term.recv() => {}
             }
             eprintln!("\ninterrupted: stopping Envoy and the simulated hosts");
-            integration_tests::envoy::kill_all();
+            integration_tests::harness::envoy::kill_all();
             std::process::exit(130);
         });
     });

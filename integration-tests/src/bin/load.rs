@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use integration_tests::load;
+use integration_tests::harness::load;
 
 fn main() {
     let mut url = "http://127.0.0.1:10000/".to_string();

@@ -14,7 +14,7 @@
 //! apart, the first after the model's delay (an SSE / LLM token stream).
 //! Stops on SIGINT/SIGTERM.
 
-use integration_tests::sim::{Latency, Simulator, Stream};
+use integration_tests::harness::sim::{Latency, Simulator, Stream};
 
 fn main() {
     let mut listen = Vec::new();

@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::envoy::{Envoy, EnvoyOptions};
-use integration_tests::load::{self, LoadResult};
-use integration_tests::sim::{Latency, Simulator};
+use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, LoadResult};
+use integration_tests::harness::sim::{Latency, Simulator};
 
 struct Outcome {
     name: String,

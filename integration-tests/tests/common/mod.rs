@@ -1,10 +1,12 @@
 //! Shared steps of the real-Envoy tests.
 #![allow(dead_code)]
 
+pub mod deploy;
+
 use std::time::Duration;
 
-use integration_tests::envoy::Envoy;
-use integration_tests::load::{self, Client};
+use integration_tests::harness::envoy::Envoy;
+use integration_tests::harness::load::{self, Client};
 
 /// Sends `n` GETs on `path` from `callers` concurrent callers, all expected to
 /// succeed, then one GET on each of `PRIMING_CONNECTIONS` new connections,

@@ -12,9 +12,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::envoy::{envoy_executable, Envoy, EnvoyOptions, Launcher};
-use crate::load;
-use crate::sim::{Latency, Simulator};
+use crate::harness::envoy::{envoy_executable, Envoy, EnvoyOptions, Launcher};
+use crate::harness::load;
+use crate::harness::sim::{Latency, Simulator};
 
 /// Instructions per request and per idle second.
 #[derive(Clone, Copy, Debug)]
@@ -69,7 +69,7 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
     let dir = std::env::temp_dir().join(format!(
         "adaptive-hedge-callgrind-{}-{}",
         std::process::id(),
-        crate::envoy::free_port()
+        crate::harness::envoy::free_port()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let out = dir.join("callgrind.out");

@@ -546,7 +546,7 @@ async fn handle(
         .headers()
         .get("x-sim-body")
         .is_some_and(|v| v.as_bytes() == b"empty");
-    crate::timer::sleep(delay).await;
+    crate::harness::timer::sleep(delay).await;
     if fault == Some(Fault::Reset) {
         guard.done = true; // it did answer, in its way
         return Err("x-sim-fault: reset".into());
@@ -600,10 +600,10 @@ fn stream_response(
     tokio::spawn(async move {
         // move the whole guard in (not just its field): its Drop does the counting
         let mut guard = guard;
-        crate::timer::sleep(first_byte).await;
+        crate::harness::timer::sleep(first_byte).await;
         for i in 0..stream.chunks {
             if i > 0 {
-                crate::timer::sleep(stream.gap).await;
+                crate::harness::timer::sleep(stream.gap).await;
             }
             if i == 1 && fault == Some(Fault::ResetMidBody) {
                 guard.done = true;

@@ -21,7 +21,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::sim::Latency;
+use crate::harness::sim::Latency;
 
 /// Latency of one attempt on `host` at virtual time `t_ms` (µs).
 pub trait Scenario {

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::envoy::{Envoy, EnvoyOptions};
-use crate::load::{self, LoadResult};
-use crate::sim::{Latency, Simulator, Stream};
+use crate::harness::envoy::{Envoy, EnvoyOptions};
+use crate::harness::load::{self, LoadResult};
+use crate::harness::sim::{Latency, Simulator, Stream};
 
 /// What sits between the load generator and the hosts.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,0 +1,9 @@
+//! What the binaries in `src/bin` are made of: the bench's scenarios through
+//! real Envoy ([`scenario`]) and in virtual time ([`virtual_time`]), the
+//! instruction counts ([`callgrind`]), and the static check of Envoy configs
+//! and manifests ([`config_check`]).
+
+pub mod callgrind;
+pub mod config_check;
+pub mod scenario;
+pub mod virtual_time;
