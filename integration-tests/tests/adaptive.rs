@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
+use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, request};
 use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
@@ -91,8 +91,17 @@ fn each_cluster_learns_its_own_delay() {
         // one after the other, few callers: a 2 ms backend stays ~2 ms on 2 cores
         let f = load::closed_loop(&client, &fast_url, 2, 1500, Duration::from_secs(5)).await;
         let s = load::closed_loop(&client, &slow_url, 8, 400, Duration::from_secs(5)).await;
-        tokio::time::sleep(Duration::from_millis(600)).await;
         (f, s)
+    });
+    // every request counted and (but for the per-tick sample cap) in the
+    // windows the delays come from
+    envoy.wait_for_stats("both windows filled", |s| {
+        [("backend", 1500), ("backend-b", 400)]
+            .iter()
+            .all(|(c, n)| {
+                let get = |m| s.get(&filter_stat_name(m, c)).copied().unwrap_or(0);
+                get("requests_total") >= *n && get("window_samples") >= n * 9 / 10
+            })
     });
     assert_eq!(fast_run.ok(), 1500, "{}", fast_run.summary());
     assert_eq!(slow_run.ok(), 400, "{}", slow_run.summary());
@@ -133,7 +142,8 @@ fn outage_extra_load_stays_within_budget() {
     ])
     .unwrap();
     let envoy = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"max_delay": "5ms"}"#),
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"max_delay": "5ms", "debug_header": true}"#),
     )
     .unwrap();
     let client = load::client();
@@ -171,7 +181,7 @@ fn outage_extra_load_stays_within_budget() {
         "extra load {:.1}%: the budget was not used",
         extra * 100.0
     );
-    assert!(envoy.filter_stat("budget_exhausted_total", "backend") > 1000);
+    assert!(envoy.flushed_filter_stat("budget_exhausted_total", "backend", 1001) > 1000);
     envoy.assert_no_vm_failure();
 }
 
@@ -196,10 +206,16 @@ fn two_workers_learn_together() {
         let mut a = load::Connection::open(envoy.listener_port).await.unwrap();
         let mut b = load::Connection::open(envoy.listener_port).await.unwrap();
         let decision = |r: load::Reply| common::decision(&r).to_string();
+        let window_holds = |n: i64| {
+            envoy.wait_for_stats(&format!("{n} samples in the window"), |s| {
+                s.get(&filter_stat_name("window_samples", "backend"))
+                    .is_some_and(|v| *v >= n)
+            })
+        };
         for _ in 0..60 {
             a.get("/", &[]).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        window_holds(60);
         // 60 samples: not enough on either worker
         assert_eq!(
             decision(a.get("/", &[]).await.unwrap()),
@@ -212,11 +228,12 @@ fn two_workers_learn_together() {
         for _ in 0..60 {
             b.get("/", &[]).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        // 61 + 61 samples, each worker below min_samples alone: both arm, with the same delay
+        window_holds(122);
+        // 61 + 61 samples, each worker below min_samples alone: both arm
+        // (each from its next tick), with the same delay
         let (da, db) = (
-            decision(a.get("/", &[]).await.unwrap()),
-            decision(b.get("/", &[]).await.unwrap()),
+            common::until_decided(&mut a).await,
+            common::until_decided(&mut b).await,
         );
         let delay = |d: &str| -> f64 {
             let ms = d

@@ -14,7 +14,7 @@ use integration_tests::runtime;
 /// is often spent at the moment the probe arrives (on a noisy box the p90
 /// trigger hedges about as much as the budget allows), so they give it room.
 /// The budget has tests of its own.
-const ROOMY_BUDGET: &str = r#"{"budget_percent": 50}"#;
+const ROOMY_BUDGET: &str = r#"{"budget_percent": 50, "debug_header": true}"#;
 
 fn steady() -> Latency {
     Latency::LogNormal {
@@ -204,6 +204,17 @@ fn streamed_responses_with_early_headers_are_not_hedged() {
             .await
             .unwrap();
         assert_eq!(reply.status, 200);
+        // armed, with a delay far below the 300 ms first byte: the hedge
+        // would fire if the router were still racing
+        let delay = common::decision(&reply)
+            .strip_prefix("armed; delay_ms=")
+            .and_then(|v| v.split(';').next())
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(
+            delay.is_some_and(|d| d < 100),
+            "{reply:?}\n{}",
+            envoy.filter_stats("backend")
+        );
         assert_eq!(reply.body.matches("data: ").count(), 3, "{}", reply.body);
         assert!(reply.elapsed >= Duration::from_millis(300), "{reply:?}");
         let t = sim.settle(Duration::from_secs(3));

@@ -67,20 +67,6 @@ fn h2c(options: EnvoyOptions) -> EnvoyOptions {
     )
 }
 
-fn stat(envoy: &Envoy, name: &str) -> i64 {
-    envoy.stat(&format!("wasmcustom.adaptive_hedge.{name}"))
-}
-
-/// Waits for the upstream role's tick (1 s) to flush its counters.
-fn upstream_counters(envoy: &Envoy) -> (i64, i64, i64) {
-    std::thread::sleep(Duration::from_millis(1300));
-    (
-        stat(envoy, "first_byte_holds_total"),
-        stat(envoy, "first_byte_releases_total"),
-        stat(envoy, "first_byte_held_ended_total"),
-    )
-}
-
 fn assert_full_stream(reply: &Reply, attempt: &str) {
     assert_eq!(reply.status, 200, "{reply:?}");
     for i in 0..CHUNKS {
@@ -200,12 +186,14 @@ fn first_byte_race(h2: bool) {
     });
     // Both attempts held (the hedge saw the marker the first attempt left on
     // the shared request headers), one released, the loser ended held.
-    let (holds, releases, held_ended) = upstream_counters(&envoy);
-    assert!(
-        holds >= 2 && releases >= 1 && held_ended >= 1,
-        "holds {holds}, releases {releases}, ended held {held_ended}"
-    );
-    assert!(stat(&envoy, "hedges_sent_total.backend") >= 1);
+    // (The upstream role flushes its counters on its 1 s tick.)
+    envoy.wait_for_stats("2 holds, 1 release, 1 ended held", |s| {
+        let get = |m: &str| s.get(&format!("wasmcustom.adaptive_hedge.{m}")).copied();
+        get("first_byte_holds_total") >= Some(2)
+            && get("first_byte_releases_total") >= Some(1)
+            && get("first_byte_held_ended_total") >= Some(1)
+    });
+    assert!(envoy.flushed_filter_stat("hedges_sent_total", "backend", 1) >= 1);
     envoy.assert_no_vm_failure();
     drop(envoy);
 

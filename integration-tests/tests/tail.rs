@@ -1,12 +1,21 @@
 //! The point of the filter: stragglers are answered by hedges. The reference
-//! workload's shape (shared/ANCHORS.md) at a modest rate, without and with
-//! adaptive-hedge at zero configuration.
+//! workload's shape (docs/reference-workload.md) at a modest rate, without
+//! and with adaptive-hedge at zero configuration.
 
 use integration_tests::harness::sim::Latency;
 use integration_tests::tools::scenario::{self, Plan, Proxy, Report, Workload};
 
-/// Baseline then adaptive, one attempt.
-fn attempt() -> (Report, Report) {
+/// The filter beats the stragglers: of the requests whose answer came from
+/// a straggler attempt (the simulator marks them), at most half as many
+/// remain with the filter as without. This counts what hedging does, not
+/// what it does to p99: this VM's CPU is sometimes slowed from outside for
+/// seconds at a time, which inflates every latency and can hide the tail cut
+/// in the percentiles (the p99 is `make demo`'s and `make bench`'s to
+/// report). One run decides: measured here 5.5% -> 0.3% (a ratio of 0.05),
+/// and 4.9% -> 0.4% (0.08) with six busy-looping processes beside it, so
+/// the bound of 0.5 leaves a margin of six times.
+#[test]
+fn stragglers_are_beaten_by_hedges() {
     // The reference body (lognormal 5/2 ms, 5% stragglers), but stragglers
     // 40x instead of 10x. A slowed CI machine inflated the body's p90 from
     // ~10 ms to 31-43 ms, and the delay learned from it (46 ms) then sat on
@@ -46,38 +55,22 @@ fn attempt() -> (Report, Report) {
     if let Some(envoy) = &hedged.envoy {
         envoy.assert_no_vm_failure();
     }
-    (base, hedged)
-}
-
-/// The filter beats the stragglers: of the requests whose answer came from
-/// a straggler attempt (the simulator marks them), at most half as many
-/// remain with the filter as without. This counts what hedging does, not
-/// what it does to p99: this VM's CPU is sometimes slowed from outside for
-/// seconds at a time, which inflates every latency and can hide the tail cut
-/// in the percentiles (the p99 is `make demo`'s and `make bench`'s to
-/// report). Up to three attempts; a real regression fails all three, and
-/// every other assertion holds in each.
-#[test]
-fn stragglers_are_beaten_by_hedges() {
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let (base, hedged) = attempt();
-        let share = |r: &Report| r.main().stragglers_served as f64 / r.main().ok().max(1) as f64;
-        let (without, with) = (share(&base), share(&hedged));
-        assert!(
-            without > 0.03,
-            "the workload should serve ~5% stragglers without hedging: {without:.3}"
-        );
-        let p99_ratio = hedged.main().ms(0.99) / base.main().ms(0.99);
-        println!(
-            "stragglers served: {:.1}% without, {:.1}% with the filter; p99 ratio {p99_ratio:.2}",
-            without * 100.0,
-            with * 100.0
-        );
-        seen.push((with / without, p99_ratio));
-        if with <= 0.5 * without {
-            return;
-        }
-    }
-    panic!("(stragglers served with / without, p99 with / without) = {seen:.2?}: not halved in any attempt");
+    let share = |r: &Report| r.main().stragglers_served as f64 / r.main().ok().max(1) as f64;
+    let (without, with) = (share(&base), share(&hedged));
+    assert!(
+        without > 0.03,
+        "the workload should serve ~5% stragglers without hedging: {without:.3}"
+    );
+    let p99_ratio = hedged.main().ms(0.99) / base.main().ms(0.99);
+    println!(
+        "stragglers served: {:.1}% without, {:.1}% with the filter; p99 ratio {p99_ratio:.2}",
+        without * 100.0,
+        with * 100.0
+    );
+    assert!(
+        with <= 0.5 * without,
+        "stragglers served: {:.1}% without, {:.1}% with the filter: not halved",
+        without * 100.0,
+        with * 100.0
+    );
 }

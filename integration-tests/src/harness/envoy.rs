@@ -388,27 +388,48 @@ impl Envoy {
             .collect()
     }
 
-    /// One stat (0 if absent).
-    pub fn stat(&self, name: &str) -> i64 {
-        self.stats().get(name).copied().unwrap_or(0)
+    /// One stat; `None` if Envoy has no such stat.
+    pub fn stat(&self, name: &str) -> Option<i64> {
+        self.stats().get(name).copied()
     }
 
-    /// A filter stat: `adaptive_hedge.<metric>.<cluster>` (as shown at /stats).
-    pub fn filter_stat(&self, metric: &str, cluster: &str) -> i64 {
-        self.stat(&format!("wasmcustom.adaptive_hedge.{metric}.{cluster}"))
+    /// A filter stat: `adaptive_hedge.<metric>.<cluster>` (as shown at
+    /// /stats); `None` until the filter has defined it.
+    pub fn filter_stat(&self, metric: &str, cluster: &str) -> Option<i64> {
+        self.stat(&filter_stat_name(metric, cluster))
     }
 
-    /// A filter counter once it reaches `at_least`, or its value after 5 s.
-    /// The filter flushes its counters on its tick (every `sync_interval`),
-    /// and a loaded machine can delay a tick well past a fixed sleep.
+    /// A filter stat once it is defined and reaches `at_least`. The filter
+    /// flushes its stats on its tick (every `sync_interval`), and a loaded
+    /// machine can delay a tick well past any fixed sleep. Panics with the
+    /// filter's stats after 10 s.
     pub fn flushed_filter_stat(&self, metric: &str, cluster: &str, at_least: i64) -> i64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let name = filter_stat_name(metric, cluster);
+        let stats = self.wait_for_stats(&format!("{name} >= {at_least}"), |s| {
+            s.get(&name).is_some_and(|v| *v >= at_least)
+        });
+        stats.get(&name).copied().unwrap_or_default()
+    }
+
+    /// The stats once `condition` holds on them; panics, naming `what` and
+    /// showing the filter's stats, if it does not within 10 s.
+    pub fn wait_for_stats(
+        &self,
+        what: &str,
+        condition: impl Fn(&HashMap<String, i64>) -> bool,
+    ) -> HashMap<String, i64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let value = self.filter_stat(metric, cluster);
-            if value >= at_least || Instant::now() >= deadline {
-                return value;
+            let stats = self.stats();
+            if condition(&stats) {
+                return stats;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                Instant::now() < deadline,
+                "waited 10 s for {what}: {}",
+                self.filter_stats("")
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -464,14 +485,17 @@ impl Envoy {
         }
     }
 
-    /// The filter's stats of one cluster, for failure messages.
+    /// The filter's stats of one cluster (all clusters for ""), for failure
+    /// messages.
     pub fn filter_stats(&self, cluster: &str) -> String {
         let mut lines: Vec<String> = self
             .stats()
             .into_iter()
             .filter(|(k, _)| {
                 k.starts_with("wasmcustom.")
-                    && (k.ends_with(&format!(".{cluster}")) || !k.contains(".backend"))
+                    && (cluster.is_empty()
+                        || k.ends_with(&format!(".{cluster}"))
+                        || !k.contains(".backend"))
             })
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
@@ -527,6 +551,11 @@ impl Drop for Envoy {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// `wasmcustom.adaptive_hedge.<metric>.<cluster>`: a filter stat at /stats.
+pub fn filter_stat_name(metric: &str, cluster: &str) -> String {
+    format!("wasmcustom.adaptive_hedge.{metric}.{cluster}")
 }
 
 /// A minimal blocking HTTP/1.1 GET on loopback (Envoy refuses HTTP/1.0).

@@ -310,7 +310,9 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         .targets
         .iter()
         .map(|t| match (proxy.is_adaptive(), &envoy) {
-            (true, Some(e)) => Some(e.filter_stat("hedge_delay_us", t.cluster) as f64 / 1000.0),
+            (true, Some(e)) => e
+                .filter_stat("hedge_delay_us", t.cluster)
+                .map(|us| us as f64 / 1000.0),
             _ => None,
         })
         .collect();
@@ -390,8 +392,10 @@ fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
     match proxy {
         Proxy::Direct | Proxy::Baseline => 0,
         Proxy::StaticHedge { .. } => {
-            envoy.stat("cluster.backend.upstream_rq_retry")
-                + envoy.stat("cluster.backend-b.upstream_rq_retry")
+            envoy.stat("cluster.backend.upstream_rq_retry").unwrap_or(0)
+                + envoy
+                    .stat("cluster.backend-b.upstream_rq_retry")
+                    .unwrap_or(0)
         }
         Proxy::Adaptive { .. } | Proxy::AdaptiveFirstByte { .. } => {
             all("wasmcustom.adaptive_hedge.hedges_sent_total.")

@@ -3,33 +3,70 @@
 
 pub mod deploy;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use integration_tests::harness::envoy::Envoy;
 use integration_tests::harness::load::{self, Client};
 
-/// Sends `n` GETs on `path` from `callers` concurrent callers, all expected to
-/// succeed, then one GET on each of `PRIMING_CONNECTIONS` new connections,
-/// then waits for two sync ticks so every worker has merged its samples and
-/// refreshed its delay.
+/// Sends `n` GETs on `path` from `callers` concurrent callers, all expected
+/// to succeed, then waits until every worker has learned the cluster: GETs
+/// on `PRIMING_CONNECTIONS` new connections in a row must come back decided
+/// (the debug header not `warming_up`); one that meets a worker still
+/// warming up starts the count again. Returns the requests sent in all.
+/// Needs `"debug_header": true` in the plugin config.
 ///
-/// Why the new connections: a worker arms a cluster only from the tick after
-/// its own first request for it (it syncs the clusters it has seen), and the
+/// Why new connections: a worker arms a cluster only from the tick after its
+/// own first request for it (it syncs the clusters it has seen), and the
 /// pooled warm-up connections may all sit on one worker. Each new
-/// connection lands on a worker at random, so 32 of them reach both
-/// workers but once in 2^31.
-pub async fn warm_up(client: &Client, envoy: &Envoy, path: &str, n: u64, callers: u64) {
+/// connection lands on a worker at random, so 32 of them in a row reach
+/// both workers but once in 2^31.
+pub async fn warm_up(client: &Client, envoy: &Envoy, path: &str, n: u64, callers: u64) -> u64 {
     let r = load::closed_loop(client, &envoy.url(path), callers, n, Duration::from_secs(5)).await;
     assert_eq!(r.ok(), n, "warm-up failed: {}", r.summary());
-    for _ in 0..PRIMING_CONNECTIONS {
-        let mut connection = load::Connection::open(envoy.listener_port).await.unwrap();
-        let reply = connection.get(path, &[]).await.unwrap();
-        assert_eq!(reply.status, 200, "warm-up failed: {reply:?}");
-    }
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    n + until_learned(envoy, path).await
 }
 
-/// The requests `warm_up` adds to its `n`, one per new connection.
+/// The second half of `warm_up` alone (for clusters whose warm-up cannot
+/// all succeed): returns the requests it sent, whatever their status.
+pub async fn until_learned(envoy: &Envoy, path: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut sent, mut decided_in_a_row) = (0, 0);
+    while decided_in_a_row < PRIMING_CONNECTIONS {
+        let mut connection = load::Connection::open(envoy.listener_port).await.unwrap();
+        let reply = connection.get(path, &[]).await.unwrap();
+        sent += 1;
+        match decision(&reply) {
+            "" => panic!("warm_up needs \"debug_header\": true: {reply:?}"),
+            "skipped; reason=warming_up" => {
+                decided_in_a_row = 0;
+                assert!(
+                    Instant::now() < deadline,
+                    "still warming up after 10 s: {}",
+                    envoy.filter_stats("")
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => decided_in_a_row += 1,
+        }
+    }
+    sent
+}
+
+/// The debug header of the first request on `connection` that its worker
+/// decides (not `warming_up`), asking every 20 ms for up to 10 s.
+pub async fn until_decided(connection: &mut load::Connection) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = connection.get("/", &[]).await.unwrap();
+        let d = decision(&reply);
+        if d != "skipped; reason=warming_up" || Instant::now() > deadline {
+            return d.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// New connections in a row that `warm_up` needs decided.
 pub const PRIMING_CONNECTIONS: usize = 32;
 
 /// The filter's debug header (`armed; delay_ms=..` or `skipped; reason=..`),
@@ -41,7 +78,8 @@ pub fn decision(reply: &load::Reply) -> &str {
         .map_or("", String::as_str)
 }
 
-/// The learned delay of a cluster in milliseconds (from the gauge).
+/// The learned delay of a cluster in milliseconds (from the gauge, once a
+/// worker has flushed one).
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
-    envoy.filter_stat("hedge_delay_us", cluster) as f64 / 1000.0
+    envoy.flushed_filter_stat("hedge_delay_us", cluster, 1) as f64 / 1000.0
 }
