@@ -1,6 +1,6 @@
 //! `make bench`: adaptive-hedge against Envoy without hedging and Envoy's own
 //! static hedging, side by side in one run, under the scenarios of
-//! shared/ANCHORS.md; the same policy code in virtual time; and the filter's
+//! docs/reference-workload.md; the same policy code in virtual time; and the filter's
 //! own cost. Writes `results/report.md`, `results/results.json` and (with
 //! `bench/plot.py`) PNG charts.
 //!

@@ -86,7 +86,7 @@ fn lognormal_ms(mean_ms: f64, sd_ms: f64, rng: &mut impl Rng) -> f64 {
 }
 
 impl Latency {
-    /// The reference workload of shared/ANCHORS.md: lognormal mean 5 ms,
+    /// The reference workload (docs/reference-workload.md): lognormal mean 5 ms,
     /// sd 2 ms, 5% stragglers at 10x.
     pub fn reference() -> Self {
         Latency::LogNormal {
