@@ -1,5 +1,7 @@
-//! `make demo`: the reference workload without and with adaptive-hedge, on
-//! loopback, with a table at the end. Every process it starts is stopped when
+//! `make demo`: the reference workload through Envoy without hedging, with
+//! Envoy's own hedging at two fixed delays, and with adaptive-hedge, on
+//! loopback, with a table at the end. `DEMO_RUNS=3` runs the set three times
+//! and adds a table of the medians. Every process it starts is stopped when
 //! it ends, also on Ctrl-C.
 
 use integration_tests::harness::sim::Latency;
@@ -34,47 +36,61 @@ fn main() {
         integration_tests::harness::envoy::envoy_binary().display()
     );
     let progress = |s: &str| println!("{s}");
-    let mut reports = Vec::new();
+    let runs = env("DEMO_RUNS").map_or(1, |v| v.max(1.0) as usize);
     let plan = Plan::three_hosts(Latency::reference(), warmup, workload);
-    for (step, proxy) in [
+    let configurations = [
         Proxy::Baseline,
-        Proxy::Adaptive {
-            plugin_config: "{}".into(),
-        },
-    ]
-    .iter()
-    .enumerate()
-    {
-        println!("[{}/2] {}", step + 1, proxy.name());
-        match scenario::run(proxy, &plan, &progress) {
-            Ok(mut report) => {
-                if let Some(envoy) = report.envoy.take() {
-                    envoy.assert_no_vm_failure();
-                    if std::env::var_os("DEMO_VERBOSE").is_some() {
-                        println!("  {}", envoy.filter_stats("backend"));
-                        for stat in ["upstream_rq_retry", "upstream_rq_retry_overflow"] {
-                            let name = format!("cluster.backend.{stat}");
-                            println!("  {name}: {:?}", envoy.stat(&name));
+        Proxy::StaticHedge { delay_ms: 10 },
+        Proxy::StaticHedge { delay_ms: 30 },
+        Proxy::adaptive_defaults(),
+    ];
+    let mut all = Vec::new();
+    for run in 1..=runs {
+        let mut reports = Vec::new();
+        for (step, proxy) in configurations.iter().enumerate() {
+            println!(
+                "[run {run}/{runs}, {}/{}] {}",
+                step + 1,
+                configurations.len(),
+                proxy.name()
+            );
+            match scenario::run(proxy, &plan, &progress) {
+                Ok(mut report) => {
+                    if let Some(envoy) = report.envoy.take() {
+                        envoy.assert_no_vm_failure();
+                        if std::env::var_os("DEMO_VERBOSE").is_some() {
+                            println!("  {}", envoy.filter_stats("backend"));
+                            for stat in ["upstream_rq_retry", "upstream_rq_retry_overflow"] {
+                                let name = format!("cluster.backend.{stat}");
+                                println!("  {name}: {:?}", envoy.stat(&name));
+                            }
                         }
                     }
+                    println!("  {}", report.main().summary());
+                    reports.push(report);
                 }
-                println!("  {}", report.main().summary());
-                reports.push(report);
-            }
-            Err(e) => {
-                eprintln!("demo failed: {e}");
-                std::process::exit(1);
+                Err(e) => {
+                    eprintln!("demo failed: {e}");
+                    std::process::exit(1);
+                }
             }
         }
+        println!("\nrun {run}:\n{}", scenario::table(&reports));
+        if let (Some(base), Some(adaptive)) = (reports.first(), reports.last()) {
+            println!(
+                "p99 {:.1} ms -> {:.1} ms ({:.1}x lower) for {:.1}% extra upstream load",
+                base.main().ms(0.99),
+                adaptive.main().ms(0.99),
+                base.main().ms(0.99) / adaptive.main().ms(0.99),
+                adaptive.extra_load * 100.0
+            );
+        }
+        all.push(reports);
     }
-    println!("\n{}", scenario::table(&reports));
-    if let [base, adaptive] = reports.as_slice() {
+    if runs > 1 {
         println!(
-            "p99 {:.1} ms -> {:.1} ms ({:.1}x lower) for {:.1}% extra upstream load",
-            base.main().ms(0.99),
-            adaptive.main().ms(0.99),
-            base.main().ms(0.99) / adaptive.main().ms(0.99),
-            adaptive.extra_load * 100.0
+            "\nmedian of {runs} runs, each cell on its own:\n{}",
+            scenario::median_table(&all)
         );
     }
 }

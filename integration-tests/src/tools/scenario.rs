@@ -413,17 +413,7 @@ type Column = (&'static str, fn(&LoadResult) -> f64);
 
 /// A markdown table of reports, for target `k` of their plan.
 pub fn target_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usize) -> String {
-    latency_table(
-        reports,
-        k,
-        &[
-            ("p50", |l| l.ms(0.5)),
-            ("p90", |l| l.ms(0.9)),
-            ("p95", |l| l.ms(0.95)),
-            ("p99", |l| l.ms(0.99)),
-            ("p999", |l| l.ms(0.999)),
-        ],
-    )
+    latency_table(reports, k, &LATENCY_COLUMNS)
 }
 
 /// A markdown table of streaming runs: time to first byte and to the end of
@@ -445,11 +435,47 @@ pub fn streaming_table<'a>(reports: impl IntoIterator<Item = &'a Report>, k: usi
     )
 }
 
+/// The latency columns of the plain tables.
+const LATENCY_COLUMNS: [Column; 5] = [
+    ("p50", |l| l.ms(0.5)),
+    ("p90", |l| l.ms(0.9)),
+    ("p95", |l| l.ms(0.95)),
+    ("p99", |l| l.ms(0.99)),
+    ("p999", |l| l.ms(0.999)),
+];
+
 /// Configuration, the latency `columns`, extra load, hedges sent, learned delay.
 fn latency_table<'a>(
     reports: impl IntoIterator<Item = &'a Report>,
     k: usize,
     columns: &[Column],
+) -> String {
+    let rows = reports
+        .into_iter()
+        .filter_map(|r| Some((r.name.clone(), row(r, k, columns)?)));
+    format_table(columns, rows)
+}
+
+/// The values of a row: each latency column (ms), extra load (a fraction),
+/// hedges sent, learned delay (ms, if any); `None` without target `k`.
+fn row(r: &Report, k: usize, columns: &[Column]) -> Option<Vec<Option<f64>>> {
+    let l = r.latency.get(k)?;
+    Some(
+        columns
+            .iter()
+            .map(|(_, value)| Some(value(l)))
+            .chain([
+                Some(r.extra_load),
+                Some(r.hedges_sent as f64),
+                r.learned_delay_ms.get(k).copied().flatten(),
+            ])
+            .collect(),
+    )
+}
+
+fn format_table(
+    columns: &[Column],
+    rows: impl Iterator<Item = (String, Vec<Option<f64>>)>,
 ) -> String {
     let headings: Vec<&str> = std::iter::once("configuration")
         .chain(columns.iter().map(|(h, _)| *h))
@@ -460,30 +486,44 @@ fn latency_table<'a>(
         headings.join(" | "),
         "---|".repeat(headings.len())
     );
-    for r in reports {
-        let Some(l) = r.latency.get(k) else { continue };
-        let cells: Vec<String> = std::iter::once(r.name.clone())
-            .chain(
-                columns
-                    .iter()
-                    .map(|(_, value)| format!("{:.1} ms", value(l))),
-            )
-            .chain([
-                format!("{:.1}%", r.extra_load * 100.0),
-                r.hedges_sent.to_string(),
-                learned_delay(r, k),
-            ])
+    for (name, values) in rows {
+        let n = columns.len();
+        let cells: Vec<String> = std::iter::once(name)
+            .chain(values.iter().enumerate().map(|(i, v)| match (i, v) {
+                (_, None) => "-".into(),
+                (i, Some(v)) if i < n => format!("{v:.1} ms"),
+                (i, Some(v)) if i == n => format!("{:.1}%", v * 100.0),
+                (i, Some(v)) if i == n + 1 => format!("{v:.0}"),
+                (_, Some(v)) => format!("{v:.1} ms"),
+            }))
             .collect();
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     out
 }
 
-/// The learned delay of target `k` for a table cell ("-" without the filter).
-fn learned_delay(r: &Report, k: usize) -> String {
-    r.learned_delay_ms
-        .get(k)
-        .copied()
-        .flatten()
-        .map_or("-".into(), |d| format!("{d:.1} ms"))
+/// The plain table of several runs of the same configurations, each cell
+/// the median of its runs (`runs[i][j]`: run `i`, configuration `j`).
+pub fn median_table(runs: &[Vec<Report>]) -> String {
+    let configurations = runs.first().map_or(0, Vec::len);
+    let rows = (0..configurations).filter_map(|j| {
+        let name = runs.first()?.get(j)?.name.clone();
+        let values: Vec<Vec<Option<f64>>> = runs
+            .iter()
+            .filter_map(|run| row(run.get(j)?, 0, &LATENCY_COLUMNS))
+            .collect();
+        let width = values.first()?.len();
+        let medians = (0..width)
+            .map(|c| {
+                let mut column: Vec<f64> = values
+                    .iter()
+                    .filter_map(|v| v.get(c).copied().flatten())
+                    .collect();
+                column.sort_by(f64::total_cmp);
+                column.get(column.len() / 2).copied()
+            })
+            .collect();
+        Some((name, medians))
+    });
+    format_table(&LATENCY_COLUMNS, rows)
 }
