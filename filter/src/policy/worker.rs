@@ -966,4 +966,23 @@ mod tests {
         w.sync(T0 + 400, &store, &mut log);
         assert_eq!(w.cluster(0).unwrap().window_samples(), 50);
     }
+
+    /// Every metric the filter defines is documented in the README.
+    #[test]
+    fn readme_documents_every_metric() {
+        use crate::policy::hold::HoldMetric;
+        use crate::telemetry::Metric;
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+        )
+        .unwrap();
+        let names = ClusterMetric::ALL
+            .iter()
+            .map(|m| m.name())
+            .chain(WorkerMetric::ALL.iter().map(|m| m.name()))
+            .chain(HoldMetric::ALL.iter().map(|m| m.name()));
+        for name in names {
+            assert!(readme.contains(&format!("`{name}`")), "README lacks {name}");
+        }
+    }
 }

@@ -54,8 +54,8 @@ impl Settings {
             Settings {
                 quick,
                 rate: 300.0,
-                requests: 600,
-                warmup: 300,
+                requests: 300,
+                warmup: 150,
                 closed_requests: 0,
                 statics: vec![10],
                 cost_rounds: 1,
@@ -359,7 +359,7 @@ fn streaming_section(
 ) -> String {
     println!("scenario: streaming");
     let (rate, requests) = if s.quick {
-        (100.0, 300)
+        (100.0, 150)
     } else {
         (100.0, 3_000)
     };

@@ -240,7 +240,10 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
                 w.iter().map(LoadResult::summary).collect::<Vec<_>>()
             ));
         }
-        std::thread::sleep(Duration::from_millis(600));
+        if proxy.is_adaptive() {
+            // the filter's next ticks merge the warm-up's samples
+            std::thread::sleep(Duration::from_millis(600));
+        }
     }
     sim.settle(Duration::from_secs(5));
     sim.reset_counts();
@@ -293,7 +296,9 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         done.store(true, Ordering::Relaxed);
         (results, timeline.join().unwrap_or_default())
     });
-    std::thread::sleep(Duration::from_millis(600)); // one more tick flushes the filter's counters
+    if proxy.is_adaptive() {
+        std::thread::sleep(Duration::from_millis(600)); // one more tick flushes the filter's counters
+    }
     let counts = sim.settle(Duration::from_secs(5));
     // per target: merge the URLs that belong to it
     let mut latency: Vec<LoadResult> = plan.targets.iter().map(|_| LoadResult::new()).collect();
