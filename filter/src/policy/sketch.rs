@@ -218,7 +218,8 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let reference = reference_lognormal();
         let pareto = Pareto::new(1000.0, 1.2).unwrap();
-        let workloads: [(&str, Box<dyn FnMut(&mut rand::rngs::StdRng) -> f64>); 3] = [
+        type Draw = Box<dyn FnMut(&mut rand::rngs::StdRng) -> f64>;
+        let workloads: [(&str, Draw); 3] = [
             (
                 "reference",
                 Box::new(move |r| {
