@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::host::{int_property, Action, Host};
+use super::host::{int_property, Action, Host, StreamCallbacks};
 use super::placement::Placement;
 use crate::header_pairs::scan;
 use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
@@ -57,20 +57,6 @@ impl<H: Host> DownstreamRequest<H> {
             sample: None,
             settlement: None,
         }
-    }
-
-    pub fn on_request_headers(&mut self) -> Action {
-        if !self.placement.in_place(&mut self.host) {
-            return Action::Continue;
-        }
-        let pairs = self.host.request_header_pairs().ok().flatten();
-        let request = pairs
-            .as_deref()
-            .and_then(scan)
-            .unwrap_or(Request::UNREADABLE);
-        let plan = self.plan(&request);
-        self.carry_out(plan);
-        Action::Continue
     }
 
     /// The worker's plan for this request.
@@ -134,25 +120,6 @@ impl<H: Host> DownstreamRequest<H> {
         }
     }
 
-    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
-        if let (true, Some(decision)) = (self.debug_header, &self.decision) {
-            let _ = self
-                .host
-                .set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
-        }
-        if self.signal == LatencySignal::Headers || end_of_stream {
-            self.record_sample();
-        }
-        Action::Continue
-    }
-
-    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
-            self.record_sample();
-        }
-        Action::Continue
-    }
-
     /// Records the latency of an upstream response, once.
     fn record_sample(&mut self) {
         let Some((cluster, started_ns)) = self.sample.take() else {
@@ -171,8 +138,43 @@ impl<H: Host> DownstreamRequest<H> {
             worker.on_response(cluster, now.saturating_sub(started_ns) / 1000);
         }
     }
+}
 
-    pub fn on_log(&mut self) {
+impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
+    fn on_request_headers(&mut self) -> Action {
+        if !self.placement.in_place(&mut self.host) {
+            return Action::Continue;
+        }
+        let pairs = self.host.request_header_pairs().ok().flatten();
+        let request = pairs
+            .as_deref()
+            .and_then(scan)
+            .unwrap_or(Request::UNREADABLE);
+        let plan = self.plan(&request);
+        self.carry_out(plan);
+        Action::Continue
+    }
+
+    fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        if let (true, Some(decision)) = (self.debug_header, &self.decision) {
+            let _ = self
+                .host
+                .set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
+        }
+        if self.signal == LatencySignal::Headers || end_of_stream {
+            self.record_sample();
+        }
+        Action::Continue
+    }
+
+    fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
+            self.record_sample();
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
         let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
             return;
         };

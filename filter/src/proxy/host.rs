@@ -17,6 +17,21 @@ pub enum Action {
     Pause,
 }
 
+/// The callbacks of one HTTP stream's context (a request downstream, an
+/// attempt upstream); each answers as Envoy's would, by default `Continue`.
+pub trait StreamCallbacks {
+    fn on_request_headers(&mut self) -> Action;
+    fn on_response_headers(&mut self, end_of_stream: bool) -> Action;
+    fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action;
+    fn on_response_trailers(&mut self) -> Action {
+        Action::Continue
+    }
+    /// The stream is done and logged (downstream contexts).
+    fn on_log(&mut self) {}
+    /// The context is done (every context, cancelled attempts included).
+    fn on_done(&mut self) {}
+}
+
 /// Envoy as the glue sees it. Shared data, stats and the log come through
 /// the logic's own traits.
 pub trait Host: Clone + SharedStore + MetricsSink + Logger {

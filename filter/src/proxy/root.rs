@@ -140,7 +140,7 @@ mod tests {
     use super::*;
     use crate::headers::MAX_RETRIES;
     use crate::proxy::fake::{plugin, FakeHost};
-    use crate::proxy::host::Action;
+    use crate::proxy::host::{Action, StreamCallbacks};
 
     fn configure(json: &str) -> (FakeHost, bool) {
         let host = FakeHost::default();

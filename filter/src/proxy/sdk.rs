@@ -5,10 +5,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as SdkAction, ContextType};
 
 use super::abi::Abi;
-use super::downstream::DownstreamRequest;
-use super::host::Action;
+use super::host::{Action, StreamCallbacks};
 use super::root::{Plugin, Stream};
-use super::upstream::UpstreamAttempt;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
@@ -40,8 +38,8 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never None: the SDK panics on None.
         Some(match self.0.stream() {
-            Stream::Downstream(request) => Box::new(request),
-            Stream::Upstream(attempt) => Box::new(attempt),
+            Stream::Downstream(request) => Box::new(Http(request)),
+            Stream::Upstream(attempt) => Box::new(Http(attempt)),
         })
     }
 
@@ -50,47 +48,34 @@ impl RootContext for Root {
     }
 }
 
-impl Context for DownstreamRequest<Abi> {}
+/// One HTTP stream's context, whichever role made it.
+struct Http<S: StreamCallbacks>(S);
 
-impl HttpContext for DownstreamRequest<Abi> {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> SdkAction {
-        sdk(self.on_request_headers())
-    }
-
-    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
-        sdk(self.on_response_headers(end_of_stream))
-    }
-
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> SdkAction {
-        sdk(self.on_response_body(body_size, end_of_stream))
-    }
-
-    fn on_log(&mut self) {
-        DownstreamRequest::on_log(self);
-    }
-}
-
-impl Context for UpstreamAttempt<Abi> {
+impl<S: StreamCallbacks> Context for Http<S> {
     fn on_done(&mut self) -> bool {
-        UpstreamAttempt::on_done(self);
+        self.0.on_done();
         true
     }
 }
 
-impl HttpContext for UpstreamAttempt<Abi> {
+impl<S: StreamCallbacks> HttpContext for Http<S> {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> SdkAction {
-        sdk(self.on_request_headers())
+        sdk(self.0.on_request_headers())
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
-        sdk(self.on_response_headers(end_of_stream))
+        sdk(self.0.on_response_headers(end_of_stream))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> SdkAction {
-        sdk(self.on_response_body(body_size, end_of_stream))
+        sdk(self.0.on_response_body(body_size, end_of_stream))
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> SdkAction {
-        sdk(self.on_response_trailers())
+        sdk(self.0.on_response_trailers())
+    }
+
+    fn on_log(&mut self) {
+        self.0.on_log();
     }
 }

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::host::{Action, Host};
+use super::host::{Action, Host, StreamCallbacks};
 use super::placement::Placement;
 use crate::headers::FIRST_BYTE_MARKER;
 use crate::policy::hold::{should_hold, HoldStats};
@@ -36,7 +36,15 @@ impl<H: Host> UpstreamAttempt<H> {
         }
     }
 
-    pub fn on_request_headers(&mut self) -> Action {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.count(HoldStats::on_release);
+        }
+    }
+}
+
+impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
+    fn on_request_headers(&mut self) -> Action {
         if !self.placement.in_place(&mut self.host) {
             return Action::Continue;
         }
@@ -47,7 +55,7 @@ impl<H: Host> UpstreamAttempt<H> {
         Action::Continue
     }
 
-    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+    fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
         if !self.marked || end_of_stream {
             return Action::Continue;
         }
@@ -61,7 +69,7 @@ impl<H: Host> UpstreamAttempt<H> {
         Action::Pause
     }
 
-    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.held && body_size == 0 && !end_of_stream {
             return Action::Pause; // an empty chunk is not a first byte
         }
@@ -71,19 +79,13 @@ impl<H: Host> UpstreamAttempt<H> {
         Action::Continue
     }
 
-    pub fn on_response_trailers(&mut self) -> Action {
+    fn on_response_trailers(&mut self) -> Action {
         self.release();
         Action::Continue
     }
 
-    fn release(&mut self) {
-        if std::mem::take(&mut self.held) {
-            self.count(HoldStats::on_release);
-        }
-    }
-
     /// Called for every attempt, the router's cancelled losers included.
-    pub fn on_done(&mut self) {
+    fn on_done(&mut self) {
         if std::mem::take(&mut self.held) {
             self.count(HoldStats::on_end_held);
         }

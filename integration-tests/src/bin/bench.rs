@@ -570,7 +570,7 @@ fn virtual_section(s: &Settings) -> (String, Value) {
         plugin_config: "{}".into(),
     });
     let mut md = String::from("## The policy alone, in virtual time\n\n");
-    md.push_str("The filter's own policy code (`Worker`, `decide`, budget, shared window; two workers sharing an in-memory store, ticking every 200 ms) driven by a discrete-event simulation: 20 closed-loop callers, no Envoy, no sockets, no noise. An armed request whose primary outlives the delay sends one hedge to another host; the response is min(primary, delay + hedge).\n\n");
+    md.push_str("The filter's own policy code (`Worker::plan`, `decision::plan`, budget, shared window; two workers sharing an in-memory store, ticking every 200 ms) driven by a discrete-event simulation: 20 closed-loop callers, no Envoy, no sockets, no noise. An armed request whose primary outlives the delay sends one hedge to another host; the response is min(primary, delay + hedge).\n\n");
     // the published comparison: 50,000 requests, steady
     let mut rows = Vec::new();
     let mut json_rows = Vec::new();

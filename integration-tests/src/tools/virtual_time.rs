@@ -1,5 +1,5 @@
-//! The filter's own policy code (the `adaptive-hedge` crate: `Worker`,
-//! `decide`, the budget and the shared window) driven in virtual time, with
+//! The filter's own policy code (the `adaptive-hedge` crate: `Worker::plan`,
+//! `decision::plan`, the budget and the shared window) driven in virtual time, with
 //! no Envoy and no sockets: a noise-free, deterministic comparison of the
 //! algorithm with static delays and with the published in-process numbers.
 //!
