@@ -278,9 +278,9 @@ macro_rules! settings {
         impl RawPolicy {
             /// Applies this over `base`; field names in errors carry `prefix`
             /// ("clusters.<name>.") so an override's mistake points at it.
-            fn merge_over(self, base: &ClusterPolicy, prefix: &str) -> Result<ClusterPolicy, ConfigError> {
+            fn merge_over(&self, base: &ClusterPolicy, prefix: &str) -> Result<ClusterPolicy, ConfigError> {
                 let mut policy = base.clone();
-                $(if let Some(value) = self.$pf {
+                $(if let Some(value) = self.$pf.clone() {
                     let rule: Rule<$pt> = $prule;
                     policy.$pf = checked(&format!("{prefix}{}", stringify!($pf)), value, rule)?;
                 })*
@@ -361,13 +361,15 @@ impl ClusterPolicy {
         self.budget_percent / 100.0
     }
 
-    /// The cross-field rule and the warnings of one policy.
+    /// The cross-field rule and the warnings of one policy; `raw` says
+    /// which fields this level of the config set itself.
     fn check(
         &self,
         prefix: &str,
-        set_max: bool,
+        raw: &RawPolicy,
         warnings: &mut Vec<String>,
     ) -> Result<(), ConfigError> {
+        let set_max = raw.max_delay.is_some();
         if self.min_delay > self.max_delay {
             let (name, value) = if set_max {
                 ("max_delay", self.max_delay)
@@ -384,7 +386,9 @@ impl ClusterPolicy {
                 ),
             ));
         }
-        for m in &self.idempotent_methods {
+        // warned where the list is written, not again in every override
+        // that inherits it
+        for m in raw.idempotent_methods.iter().flatten() {
             if NON_IDEMPOTENT_METHODS.contains(&m.as_str()) {
                 warnings.push(format!(
                     "{prefix}idempotent_methods: {m} is not idempotent in general; hedging it may apply a request twice"
@@ -481,9 +485,8 @@ impl Config {
         let mut config = Config::default();
         let mut warnings = Vec::new();
         let top = raw.take_policy();
-        let set_max = top.max_delay.is_some();
         let defaults = top.merge_over(&ClusterPolicy::default(), "")?;
-        defaults.check("", set_max, &mut warnings)?;
+        defaults.check("", &top, &mut warnings)?;
         if defaults.disabled {
             warnings.push("\"disabled\": true at the top level turns hedging off for every cluster without an override".into());
         }
@@ -513,9 +516,8 @@ impl Config {
                 return Err(error("clusters", "\"\"", "cluster names must not be empty"));
             }
             let prefix = format!("clusters.{name}.");
-            let set_max = raw_override.max_delay.is_some();
             let policy = raw_override.merge_over(&defaults, &prefix)?;
-            policy.check(&prefix, set_max, &mut warnings)?;
+            policy.check(&prefix, &raw_override, &mut warnings)?;
             config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
@@ -742,6 +744,12 @@ mod tests {
         let c =
             Config::parse(br#"{"clusters": {"w": {"idempotent_methods": ["PATCH"]}}}"#).unwrap();
         assert!(c.warnings[0].starts_with("clusters.w.idempotent_methods"));
+        // said once, where it is written, not again for each override
+        let c = Config::parse(
+            br#"{"idempotent_methods": ["GET", "POST"], "clusters": {"a": {"disabled": true}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         let c = Config::parse(br#"{"disabled": true}"#).unwrap();
         assert_eq!(c.warnings.len(), 1);
     }

@@ -43,7 +43,8 @@ pub struct Request<'a> {
 impl Request<'_> {
     /// What to assume when the headers cannot be read: the method is unknown
     /// (so the request is not armed) and the client may have sent anything
-    /// (so everything is removed). The safe side of both.
+    /// (so everything is removed, unless clients are trusted). The safe side
+    /// of both.
     pub const UNREADABLE: Request<'static> = Request {
         method: b"",
         upgrade: false,
@@ -113,6 +114,9 @@ pub enum Skip {
     NoCluster,
     /// Past `max_clusters`: the cluster is not tracked.
     Untracked,
+    /// The filter's worker state could not be reached (not configured, or
+    /// busy): nothing to decide with.
+    NoWorker,
     Disabled,
     /// The method is not in `idempotent_methods`.
     Method,
@@ -211,6 +215,7 @@ impl Skip {
         match self {
             Skip::NoCluster => "no_cluster",
             Skip::Untracked => "untracked",
+            Skip::NoWorker => "no_worker",
             Skip::Disabled => "disabled",
             Skip::Method => "method",
             Skip::Upgrade => "upgrade",
@@ -295,13 +300,23 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
 }
 
 /// The plan for a request no worker can plan (the filter has no worker, or
-/// it is busy): not armed, and the client's control headers removed.
-pub fn unplanned(request: &Request) -> Plan {
+/// it is busy): not armed, and the client's control headers removed unless
+/// clients are trusted.
+pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
+    let trusted = trust_client_headers && request.client_controls;
     Plan {
-        decision: Decision::Skip(Skip::NoCluster),
-        strip: Strip {
-            control: request.client_controls,
-            marker: request.client_marker,
+        decision: Decision::Skip(if trusted {
+            Skip::ClientControlled
+        } else {
+            Skip::NoWorker
+        }),
+        strip: if trusted {
+            Strip::default()
+        } else {
+            Strip {
+                control: request.client_controls,
+                marker: request.client_marker,
+            }
         },
         cluster: None,
         sample: false,

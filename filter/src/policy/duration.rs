@@ -36,7 +36,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Formats a duration the way the config accepts it (used to log the effective config).
 pub fn format_duration(d: Duration) -> String {
     let us = d.as_micros();
-    if us % 1_000_000 == 0 {
+    if us % 60_000_000 == 0 && us > 0 {
+        format!("{}m", us / 60_000_000)
+    } else if us % 1_000_000 == 0 {
         format!("{}s", us / 1_000_000)
     } else if us % 1_000 == 0 {
         format!("{}ms", us / 1_000)
@@ -80,7 +82,7 @@ mod tests {
 
     #[test]
     fn formats_round_trip() {
-        for d in ["3s", "5ms", "250us"] {
+        for d in ["3s", "5ms", "250us", "10m", "90s"] {
             assert_eq!(format_duration(parse_duration(d).unwrap()), d);
         }
     }

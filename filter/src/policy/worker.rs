@@ -498,7 +498,8 @@ struct Stored<T> {
 /// Reads `key`, applies `update` to its decoded value (`fresh()` if the key
 /// is missing or does not decode), and writes it back with compare-and-swap
 /// if it changed. On a conflict (another worker wrote in between) it reads
-/// and applies again, up to `CAS_ATTEMPTS` times. A missing key is written
+/// and applies again, up to `CAS_ATTEMPTS` times. A missing key (written, like
+/// any, only if the update changed something) is written
 /// with `CREATE_ONLY`, so two workers creating it at once cannot erase each
 /// other's update.
 fn update_shared<T: Clone + PartialEq>(

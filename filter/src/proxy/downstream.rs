@@ -17,7 +17,7 @@ use crate::policy::decision::{
 };
 use crate::policy::worker::Worker;
 
-pub const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
+const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
 const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
 const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
 /// `response.code_details` of a response that came from an upstream (not a
@@ -30,6 +30,8 @@ pub struct DownstreamRequest<H: Host> {
     placement: Rc<Placement>,
     signal: LatencySignal,
     debug_header: bool,
+    /// For a request no worker can plan.
+    trust_client_headers: bool,
     /// Kept only for the debug header.
     decision: Option<Decision>,
     /// The cluster a latency sample goes to, and when the request started.
@@ -40,57 +42,63 @@ pub struct DownstreamRequest<H: Host> {
 
 impl<H: Host> DownstreamRequest<H> {
     pub fn new(host: H, worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
-        let (signal, debug_header) = worker
+        let (signal, debug_header, trust_client_headers) = worker
             .as_ref()
             .and_then(|w| {
-                let w = w.try_borrow().ok()?;
-                Some((w.config().latency_signal, w.config().debug_header))
+                let c = w.try_borrow().ok()?;
+                let c = c.config();
+                Some((c.latency_signal, c.debug_header, c.trust_client_headers))
             })
-            .unwrap_or((LatencySignal::Headers, false));
+            .unwrap_or((LatencySignal::Headers, false, false));
         DownstreamRequest {
             host,
             worker,
             placement,
             signal,
             debug_header,
+            trust_client_headers,
             decision: None,
             sample: None,
             settlement: None,
         }
     }
 
-    /// The worker's plan for this request.
-    fn plan(&mut self, request: &Request) -> Plan {
-        let Some(worker) = self.worker.clone() else {
-            return unplanned(request);
+    /// Asks the worker for the plan and carries it out, all under one
+    /// borrow of the worker (a failed arm refunds at once).
+    fn plan_and_carry_out(&mut self, request: &Request) {
+        let worker = self.worker.clone();
+        let Some(worker) = worker else {
+            return self.carry_out(unplanned(request, self.trust_client_headers), None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
         #[cfg(feature = "fault-injection")]
         super::fault_injection::inject(&self.host, cluster.as_deref());
-        let Ok(mut worker) = worker.try_borrow_mut() else {
-            return unplanned(request);
+        match worker.try_borrow_mut() {
+            Ok(mut worker) => {
+                let plan = worker.plan(cluster.as_deref(), request);
+                self.carry_out(plan, Some(&mut worker));
+            }
+            Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None),
         };
-        worker.plan(cluster.as_deref(), request)
     }
 
-    fn carry_out(&mut self, plan: Plan) {
-        self.strip(plan.strip);
+    fn carry_out(&mut self, plan: Plan, worker: Option<&mut Worker>) {
         if let (true, Some(cluster)) = (plan.sample, plan.cluster) {
-            // A sample costs three host calls (two clocks, the response's origin).
+            // A sample costs three host calls (two clocks, the response's
+            // origin); the clock is read first, before any other work.
             if let Ok(now) = self.host.now_ns() {
                 self.sample = Some((cluster, now));
             }
         }
+        self.strip(plan.strip);
         if let Decision::Arm(arming) = &plan.decision {
             if self.arm(arming) {
                 self.settlement = plan.settlement();
             } else {
                 // Nothing armed may be left behind, and the tokens go back.
                 self.strip(Strip::ALL);
-                if let (Some(settlement), Some(worker)) = (plan.settlement(), &self.worker) {
-                    if let Ok(mut worker) = worker.try_borrow_mut() {
-                        worker.settle(settlement, Some(1));
-                    }
+                if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
+                    worker.settle(settlement, Some(1));
                 }
             }
         }
@@ -150,8 +158,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             .as_deref()
             .and_then(scan)
             .unwrap_or(Request::UNREADABLE);
-        let plan = self.plan(&request);
-        self.carry_out(plan);
+        self.plan_and_carry_out(&request);
         Action::Continue
     }
 
@@ -462,13 +469,30 @@ mod tests {
 
     #[test]
     fn a_busy_worker_leaves_the_request_alone_but_strips_the_client() {
-        let (host, plugin) = warmed("{}");
+        for (config, kept) in [
+            ("{}", None),
+            (r#"{"trust_client_headers": true}"#, Some("5")),
+        ] {
+            let (host, plugin) = warmed(config);
+            let mut r = request(&plugin);
+            let worker = r.worker.clone().unwrap();
+            let _busy = worker.borrow_mut();
+            host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+            r.on_request_headers();
+            assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), kept);
+            assert_eq!(host.calls_to("set_request_header"), 0);
+        }
+        let (host, plugin) = warmed(r#"{"debug_header": true}"#);
         let mut r = request(&plugin);
         let worker = r.worker.clone().unwrap();
-        let _busy = worker.borrow_mut();
-        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+        let busy = worker.borrow_mut();
+        host.request(Some("backend"), GET);
         r.on_request_headers();
-        assert_eq!(host.request_header_text(MAX_RETRIES), None);
-        assert_eq!(host.calls_to("set_request_header"), 0);
+        drop(busy);
+        r.on_response_headers(true);
+        assert_eq!(
+            host.response_header_text(DEBUG_HEADER).as_deref(),
+            Some("skipped; reason=no_worker")
+        );
     }
 }

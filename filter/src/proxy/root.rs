@@ -107,14 +107,21 @@ impl<H: Host> Plugin<H> {
             return;
         };
         let mut host = self.host.clone();
-        if let Some(worker) = &self.worker {
-            if let Ok(mut worker) = worker.try_borrow_mut() {
+        match self.role {
+            Role::Downstream => {
+                let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) else {
+                    return;
+                };
                 worker.sync(now_ms, &self.host, &mut host);
                 worker.flush_metrics(&mut host);
             }
-        } else if let Ok(mut holds) = self.holds.try_borrow_mut() {
-            holds.check(now_ms, &mut host);
-            holds.flush_metrics(&mut host);
+            Role::Upstream => {
+                let Ok(mut holds) = self.holds.try_borrow_mut() else {
+                    return;
+                };
+                holds.check(now_ms, &mut host);
+                holds.flush_metrics(&mut host);
+            }
         }
     }
 
