@@ -73,8 +73,9 @@ pub struct ClusterView<'a> {
     /// Cached on the tick; `None` while warming up.
     pub delay: Option<HedgeDelay>,
     pub budget: &'a LocalBudget,
-    /// This tick still has a latency sample slot for the cluster.
-    pub sample_slot: bool,
+    /// It is this request's turn to be a latency sample, if it belongs to
+    /// the sampled population (see `in_sample_population`).
+    pub sample_turn: bool,
 }
 
 /// Everything the filter does with one request.
@@ -295,8 +296,17 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         cluster: id,
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
-        sample: tracked.is_some_and(|view| view.sample_slot),
+        sample: tracked
+            .is_some_and(|view| view.sample_turn && in_sample_population(request, view.policy)),
     }
+}
+
+/// Whether a request's latency speaks for the requests the delay applies
+/// to: only those that could be hedged (an idempotent method, no protocol
+/// upgrade). A WebSocket's lifetime, or a slow POST, is not a sample of the
+/// latency a GET should be hedged at.
+pub fn in_sample_population(request: &Request, policy: &ClusterPolicy) -> bool {
+    policy.allows_method(request.method) && !request.upgrade
 }
 
 /// The plan for a request no worker can plan (the filter has no worker, or
@@ -389,7 +399,7 @@ mod tests {
             policy,
             delay,
             budget,
-            sample_slot: true,
+            sample_turn: true,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -470,18 +480,23 @@ mod tests {
             let p = with_defaults(&Request { method, ..GET });
             assert_eq!(p.decision, Decision::Skip(Skip::Method));
             assert!(set(&p).is_empty());
-            assert!(p.sample, "its latency is still a sample");
+            assert!(
+                !p.sample,
+                "its latency is not a sample of hedgeable requests"
+            );
             assert_eq!(p.settlement(), None);
         }
         let websocket = Request {
             upgrade: true,
             ..GET
         };
+        let p = with_defaults(&websocket);
         assert_eq!(
-            with_defaults(&websocket).decision,
+            p.decision,
             Decision::Skip(Skip::Upgrade),
             "a WebSocket upgrade is a connection: never duplicated"
         );
+        assert!(!p.sample, "nor a latency sample");
         let off = ClusterPolicy {
             disabled: true,
             ..Default::default()
@@ -556,7 +571,7 @@ mod tests {
     }
 
     #[test]
-    fn warming_up_and_sample_slots() {
+    fn warming_up_and_sample_turns() {
         let policy = ClusterPolicy::default();
         let budget = funded(&policy);
         let p = plan_for(&GET, &Config::default(), &policy, None, &budget);
@@ -568,7 +583,7 @@ mod tests {
             policy: &policy,
             delay: DELAY,
             budget: &budget,
-            sample_slot: false,
+            sample_turn: false,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
 use super::decision::{
-    self, Cluster, ClusterId, ClusterView, Decision, Plan, Request, Settlement, Skip,
+    self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request,
+    Settlement, Skip,
 };
 use super::hedge_delay::{budget_terms, hedge_delay, HedgeDelay};
 use super::shared_state::{
@@ -32,10 +33,12 @@ const CAS_ATTEMPTS: u32 = 8;
 /// names (tracked, pending or refused by the shared registry).
 const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
 
-/// Latency samples a worker takes per tick at most (1,280/s at the default
-/// 200 ms tick; a 30 s window then holds up to ~38,000 per worker). Taking
-/// the first requests of each tick is unbiased: when a request starts within
-/// a tick says nothing about how long it takes.
+/// Latency samples a worker takes per tick and cluster, about (1,280/s at
+/// the default 200 ms tick; a 30 s window then holds up to ~38,000 per
+/// worker). Past that rate every `stride`-th request of the sampled
+/// population is a sample, the stride set on each tick from the last tick's
+/// count: samples spread over the whole tick, not the first requests of it
+/// (a burst at the start of a tick, as after a stall, is not the tick).
 pub const SAMPLES_PER_TICK: u32 = 256;
 
 /// Slices that make up the "recent" quantile (see `hedge_delay`).
@@ -91,8 +94,11 @@ pub struct ClusterState {
     budget: LocalBudget,
     /// Latencies seen since the last tick, not yet in the shared window.
     samples: Sketch,
-    /// Latency samples taken since the last tick.
+    /// Latency samples taken since the last tick; requests of the sampled
+    /// population seen since the last tick; take every `stride`-th.
     samples_this_tick: u32,
+    population_this_tick: u32,
+    stride: u32,
     requests_unsynced: u64,
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
@@ -112,6 +118,8 @@ impl ClusterState {
             window_samples: 0,
             samples: Sketch::new(),
             samples_this_tick: 0,
+            population_this_tick: 0,
+            stride: 1,
             requests_unsynced: 0,
             sent_unsynced: 0,
             metrics: MetricTable::default(),
@@ -136,13 +144,17 @@ impl ClusterState {
             policy: &self.policy,
             delay: self.hedge_delay,
             budget: &self.budget,
-            sample_slot: self.samples_this_tick < SAMPLES_PER_TICK,
+            sample_turn: self.samples_this_tick < SAMPLES_PER_TICK
+                && self.population_this_tick % self.stride == 0,
         }
     }
 
     /// Books a plan made for this cluster: the request earns its share of
     /// budget before the decision, the armed hedges are reserved after it.
-    fn book(&mut self, plan: &Plan) {
+    fn book(&mut self, plan: &Plan, request: &Request) {
+        if in_sample_population(request, &self.policy) {
+            self.population_this_tick = self.population_this_tick.saturating_add(1);
+        }
         match &plan.decision {
             Decision::Arm(a) => {
                 self.budget.reserve(a.hedges);
@@ -234,7 +246,7 @@ impl Worker {
         state.requests_unsynced += 1;
         state.budget.earn();
         let plan = decision::plan(request, &self.config, Cluster::Tracked(state.view(id)));
-        state.book(&plan);
+        state.book(&plan, request);
         plan
     }
 
@@ -292,7 +304,9 @@ impl Worker {
     /// The tick: register new clusters, merge into shared memory, refresh delays.
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         for c in self.clusters.iter_mut() {
+            c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
+            c.population_this_tick = 0;
         }
         if self
             .clusters
@@ -891,15 +905,27 @@ mod tests {
     }
 
     #[test]
-    fn samples_are_capped_per_tick() {
+    fn samples_are_spread_over_the_tick_and_capped() {
         let store = MemoryStore::default();
         let mut w = Worker::new(config(""));
         let sampled = |w: &mut Worker, cluster: &[u8]| w.plan(Some(cluster), &GET).sample;
+        // a first tick knows no rate: the first SAMPLES_PER_TICK
         let taken = (0..1000).filter(|_| sampled(&mut w, b"a")).count();
         assert_eq!(taken, SAMPLES_PER_TICK as usize);
         assert!(sampled(&mut w, b"b"), "each cluster has its own slots");
         w.sync(T0, &store, &mut Lines::default());
-        assert!(sampled(&mut w, b"a"), "a new tick, new slots");
+        // then every 4th (1,000 last tick / 256), to the end of the tick
+        let taken: Vec<usize> = (0..1000).filter(|_| sampled(&mut w, b"a")).collect();
+        assert_eq!(taken.len(), 250);
+        assert_eq!(taken.first(), Some(&0));
+        assert_eq!(taken.last(), Some(&996));
+        // requests that could not be hedged are not samples
+        let post = Request {
+            method: b"POST",
+            ..GET
+        };
+        w.sync(T0 + 400, &store, &mut Lines::default());
+        assert!(!w.plan(Some(b"b"), &post).sample);
     }
 
     #[test]

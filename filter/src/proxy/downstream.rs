@@ -368,8 +368,12 @@ mod tests {
         request(&plugin).on_request_headers();
         assert_eq!(host.calls_to("remove_request_header"), 0);
         assert_eq!(host.calls_to("set_request_header"), 0);
-        // the first requests of a tick are timed: a clock read
-        assert_eq!(host.state().calls.len(), 3, "{:?}", host.state().calls);
+        // the headers and the cluster; a POST is not timed (not a sample)
+        assert_eq!(host.state().calls.len(), 2, "{:?}", host.state().calls);
+        // a GET's turn to be a sample costs a clock read
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("now_ns"), 1);
     }
 
     #[test]

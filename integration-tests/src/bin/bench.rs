@@ -18,8 +18,11 @@ use integration_tests::harness::load;
 use integration_tests::harness::sim::{Latency, Stream};
 use integration_tests::tools::scenario::{self, Plan, Proxy, Report, Target, Workload};
 use integration_tests::tools::virtual_time::{
-    self, BadHost, Length, Outage, Policy, Scenario, Shift, Steady,
+    self, BadHost, Length, Load, Outage, Policy, Scenario, Shift, Steady,
 };
+
+/// The virtual-time runs' published form: 20 closed-loop callers.
+const CALLERS: Load = Load::Closed { callers: 20 };
 use serde_json::{json, Value};
 
 /// One configuration's outcome in one scenario (for the aims check).
@@ -582,7 +585,7 @@ fn virtual_section(s: &Settings) -> (String, Value) {
             plugin_config: "{}".into(),
         },
     ] {
-        if let Ok(o) = virtual_time::run(&Steady, &p, 20, Length::Requests(50_000), 42) {
+        if let Ok(o) = virtual_time::run(&Steady, &p, CALLERS, Length::Requests(50_000), 42) {
             rows.push(format!(
                 "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% |",
                 o.policy,
@@ -605,9 +608,13 @@ fn virtual_section(s: &Settings) -> (String, Value) {
     let mut shared_bytes = 0;
     for sc in &scenarios {
         for p in &policies {
-            let Ok(o) =
-                virtual_time::run(sc.as_ref(), p, 20, Length::Seconds(s.virtual_seconds), 42)
-            else {
+            let Ok(o) = virtual_time::run(
+                sc.as_ref(),
+                p,
+                CALLERS,
+                Length::Seconds(s.virtual_seconds),
+                42,
+            ) else {
                 continue;
             };
             shared_bytes = shared_bytes.max(o.shared_bytes);

@@ -23,13 +23,29 @@ use rand::{Rng, SeedableRng};
 
 use crate::harness::sim::Latency;
 
-/// Latency of one attempt on `host` at virtual time `t_ms` (µs).
+/// Latency of one attempt on `host` for `endpoint` at virtual time `t_ms`
+/// of a run lasting `total_ms` (µs).
 pub trait Scenario {
     fn name(&self) -> String;
     fn hosts(&self) -> usize {
         3
     }
+    /// The cluster's endpoints (routes), by their share of requests.
+    fn endpoint_shares(&self) -> Vec<f64> {
+        vec![1.0]
+    }
     fn sample_us(&self, host: usize, t_ms: f64, total_ms: f64, rng: &mut StdRng) -> f64;
+    /// As `sample_us`, for one of several endpoints.
+    fn endpoint_sample_us(
+        &self,
+        host: usize,
+        _endpoint: usize,
+        t_ms: f64,
+        total_ms: f64,
+        rng: &mut StdRng,
+    ) -> f64 {
+        self.sample_us(host, t_ms, total_ms, rng)
+    }
 }
 
 fn sample_us(model: &Latency, rng: &mut StdRng) -> f64 {
@@ -155,9 +171,18 @@ const GET: Request = Request {
 enum Event {
     /// (caller) issues its next request.
     Issue(usize),
-    /// A request ends: (caller, worker, cluster id, hedges reserved, attempts, latency µs).
+    /// A request ends: (caller, worker, cluster to sample for, hedges reserved, attempts, latency µs).
     Done(usize, usize, Option<usize>, u32, u64, u64),
     Tick,
+}
+
+/// How requests arrive.
+#[derive(Clone, Copy, Debug)]
+pub enum Load {
+    /// `callers` each issue a request when their last one is answered.
+    Closed { callers: usize },
+    /// Poisson arrivals at `rate` requests per second, whatever is in flight.
+    Open { rate: f64 },
 }
 
 /// How long a virtual run lasts.
@@ -168,11 +193,12 @@ pub enum Length {
     Seconds(f64),
 }
 
-/// Runs closed-loop `callers` for `length`.
+/// Runs `scenario` under `policy` with requests arriving as `load`, for
+/// `length`. Deterministic for a seed.
 pub fn run(
     scenario: &dyn Scenario,
     policy: &Policy,
-    callers: usize,
+    load: Load,
     length: Length,
     seed: u64,
 ) -> Result<Outcome, String> {
@@ -196,10 +222,24 @@ pub fn run(
         .flat_map(|c| [Worker::new(c.clone()), Worker::new(c.clone())])
         .collect();
     // time-based scenarios change at fractions of the run: for a run counted
-    // in requests, its expected length (~5.6 ms per request per caller)
-    let total_ms = match length {
-        Length::Requests(n) => n as f64 / callers as f64 * 5.6,
-        Length::Seconds(s) => s * 1000.0,
+    // in requests, its expected length (closed loop: ~5.6 ms per request per
+    // caller, the reference workload's mean with stragglers)
+    let total_ms = match (length, load) {
+        (Length::Requests(n), Load::Closed { callers }) => n as f64 / callers as f64 * 5.6,
+        (Length::Requests(n), Load::Open { rate }) => n as f64 / rate * 1000.0,
+        (Length::Seconds(s), _) => s * 1000.0,
+    };
+    let shares = scenario.endpoint_shares();
+    let share_total: f64 = shares.iter().sum();
+    let pick_endpoint = |rng: &mut StdRng| {
+        let mut x = rng.gen::<f64>() * share_total;
+        for (i, s) in shares.iter().enumerate() {
+            if x < *s {
+                return i;
+            }
+            x -= s;
+        }
+        shares.len().saturating_sub(1)
     };
     let t0_ms: u64 = 1_700_000_000_000;
     let mut events: BinaryHeap<Reverse<(u64, u64, Event)>> = BinaryHeap::new();
@@ -208,8 +248,13 @@ pub fn run(
         seq += 1;
         events.push(Reverse((t, seq, e)));
     };
-    for c in 0..callers {
-        push(&mut events, 0, Event::Issue(c));
+    match load {
+        Load::Closed { callers } => {
+            for c in 0..callers {
+                push(&mut events, 0, Event::Issue(c));
+            }
+        }
+        Load::Open { .. } => push(&mut events, 0, Event::Issue(0)),
     }
     push(&mut events, tick_us, Event::Tick);
     let mut issued = 0u64;
@@ -242,24 +287,35 @@ pub fn run(
                     continue;
                 }
                 issued += 1;
+                if let Load::Open { rate } = load {
+                    // the next arrival, exponentially distributed
+                    let gap = -(1.0 - rng.gen::<f64>()).ln() / rate * 1e6;
+                    push(&mut events, t + gap.max(1.0) as u64, Event::Issue(0));
+                }
+                let endpoint = pick_endpoint(&mut rng);
                 let primary_host = next_host % scenario.hosts();
                 next_host += 1;
                 let t_ms = t as f64 / 1000.0;
-                let primary = scenario.sample_us(primary_host, t_ms, total_ms, &mut rng);
-                let wi = caller % 2;
-                let (delay_us, reserved, cluster) = match policy {
+                let primary =
+                    scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
+                // requests alternate between the two workers
+                let wi = (issued % 2) as usize;
+                let (delay_us, reserved, sample) = match policy {
                     Policy::None => (None, 0, None),
                     Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), 0, None),
                     Policy::Adaptive { .. } => {
                         match workers.get_mut(wi).map(|w| w.plan(Some(b"backend"), &GET)) {
-                            Some(plan) => match &plan.decision {
-                                Decision::Arm(a) => (
-                                    Some(a.per_try_timeout_ms as f64 * 1000.0),
-                                    a.hedges,
-                                    plan.cluster,
-                                ),
-                                Decision::Skip(_) => (None, 0, plan.cluster),
-                            },
+                            Some(plan) => {
+                                let sample = plan.cluster.filter(|_| plan.sample);
+                                match &plan.decision {
+                                    Decision::Arm(a) => (
+                                        Some(a.per_try_timeout_ms as f64 * 1000.0),
+                                        a.hedges,
+                                        sample,
+                                    ),
+                                    Decision::Skip(_) => (None, 0, sample),
+                                }
+                            }
                             None => (None, 0, None),
                         }
                     }
@@ -269,8 +325,13 @@ pub fn run(
                         // the hedge goes to another host
                         let other = (primary_host + 1 + rng.gen_range(0..scenario.hosts() - 1))
                             % scenario.hosts();
-                        let hedge =
-                            scenario.sample_us(other, t_ms + d / 1000.0, total_ms, &mut rng);
+                        let hedge = scenario.endpoint_sample_us(
+                            other,
+                            endpoint,
+                            t_ms + d / 1000.0,
+                            total_ms,
+                            &mut rng,
+                        );
                         (primary.min(d + hedge), 2)
                     }
                     _ => (primary, 1),
@@ -279,25 +340,30 @@ pub fn run(
                 push(
                     &mut events,
                     t + elapsed,
-                    Event::Done(caller, wi, cluster, reserved, attempts, elapsed),
+                    Event::Done(caller, wi, sample, reserved, attempts, elapsed),
                 );
             }
-            Event::Done(caller, wi, cluster, reserved, attempts, elapsed) => {
+            Event::Done(caller, wi, sample, reserved, attempts, elapsed) => {
                 done += 1;
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
                 if let Some(w) = workers.get_mut(wi) {
-                    // every response is a sample here (the filter samples
-                    // the first 256 requests per tick and worker)
-                    if let Some(cluster) = cluster {
+                    // as the filter: a latency sample when the plan said so
+                    if let Some(cluster) = sample {
                         w.on_response(cluster, elapsed);
-                        if reserved > 0 {
-                            let hedges = reserved;
-                            w.settle(Settlement { cluster, hedges }, Some(attempts));
-                        }
+                    }
+                    if reserved > 0 {
+                        // one cluster in these runs: its id is 0
+                        let settlement = Settlement {
+                            cluster: 0,
+                            hedges: reserved,
+                        };
+                        w.settle(settlement, Some(attempts));
                     }
                 }
-                push(&mut events, t, Event::Issue(caller));
+                if let Load::Closed { .. } = load {
+                    push(&mut events, t, Event::Issue(caller));
+                }
             }
         }
     }
@@ -323,19 +389,21 @@ pub fn run(
 mod tests {
     use super::*;
 
+    const CALLERS: Load = Load::Closed { callers: 20 };
+
     #[test]
     fn deterministic_and_cuts_the_tail() {
         let adaptive = Policy::Adaptive {
             plugin_config: "{}".into(),
         };
-        let a = run(&Steady, &adaptive, 20, Length::Requests(20_000), 1).unwrap();
-        let b = run(&Steady, &adaptive, 20, Length::Requests(20_000), 1).unwrap();
+        let a = run(&Steady, &adaptive, CALLERS, Length::Requests(20_000), 1).unwrap();
+        let b = run(&Steady, &adaptive, CALLERS, Length::Requests(20_000), 1).unwrap();
         assert_eq!(
             (a.ms(0.99), a.hedges),
             (b.ms(0.99), b.hedges),
             "same seed, same result"
         );
-        let none = run(&Steady, &Policy::None, 20, Length::Requests(20_000), 1).unwrap();
+        let none = run(&Steady, &Policy::None, CALLERS, Length::Requests(20_000), 1).unwrap();
         assert!(
             a.ms(0.99) < 0.5 * none.ms(0.99),
             "p99 {} vs {}",
