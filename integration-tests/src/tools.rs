@@ -1,5 +1,6 @@
 //! What the binaries in `src/bin` are made of: the bench's scenarios through
-//! real Envoy ([`scenario`]) and in virtual time ([`virtual_time`]), the
+//! real Envoy ([`scenario`]) and in virtual time ([`virtual_time`]; generated
+//! workloads judged against their fixed-delay frontier: [`workloads`]), the
 //! instruction counts ([`callgrind`]), and the static check of Envoy configs
 //! and manifests ([`config_check`]).
 
@@ -7,3 +8,4 @@ pub mod callgrind;
 pub mod config_check;
 pub mod scenario;
 pub mod virtual_time;
+pub mod workloads;

@@ -20,6 +20,7 @@ use integration_tests::tools::scenario::{self, Plan, Proxy, Report, Target, Work
 use integration_tests::tools::virtual_time::{
     self, BadHost, Length, Load, Outage, Policy, Scenario, Shift, Steady,
 };
+use integration_tests::tools::workloads;
 
 /// The virtual-time runs' published form: 20 closed-loop callers.
 const CALLERS: Load = Load::Closed { callers: 20 };
@@ -232,6 +233,7 @@ fn main() {
         Ok("cost") => return println!("{}", cost_section(&s, &progress).0),
         Ok("instructions") => return println!("{}", instructions_section(&s, &progress, None).0),
         Ok("virtual") => return println!("{}", virtual_section(&s).0),
+        Ok("workloads") => return println!("{}", workloads_section(&s).0),
         _ => {}
     }
 
@@ -552,6 +554,112 @@ fn aims_section(results: &[ScenarioOutcomes], quick: bool) -> String {
         ));
     }
     md
+}
+
+/// The policy at zero config on generated workloads, each against the
+/// frontier of fixed delays chosen in hindsight (virtual time). Quick: 24
+/// workloads at a quarter of their length; `BENCH_WORKLOADS` sets how many.
+fn workloads_section(s: &Settings) -> (String, Value) {
+    let count: usize = std::env::var("BENCH_WORKLOADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if s.quick { 24 } else { 120 });
+    let scale = if s.quick { 0.25 } else { 1.0 };
+    let seed = 2026;
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let judged = std::sync::Mutex::new(Vec::new());
+    // virtual time: no latency is measured, so both CPUs may work
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| loop {
+                let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if id >= count {
+                    return;
+                }
+                let w = workloads::Workload::generate(seed, id);
+                match workloads::judge(&w, "{}", scale) {
+                    Ok(j) => {
+                        if let Ok(mut all) = judged.lock() {
+                            all.push(j);
+                            if all.len() % 10 == 0 {
+                                println!(
+                                    "  workloads: {}/{count} in {:.0} s",
+                                    all.len(),
+                                    started.elapsed().as_secs_f64()
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => eprintln!("  workload {id}: {e}"),
+                }
+            });
+        }
+    });
+    let mut judged = judged.into_inner().unwrap_or_default();
+    judged.sort_by_key(|j| j.workload.id);
+    let p99: Vec<f64> = judged.iter().map(|j| j.p99_ratio()).collect();
+    let p999: Vec<f64> = judged.iter().map(|j| j.p999_ratio()).collect();
+    let loads: Vec<f64> = judged.iter().map(|j| j.policy_load).collect();
+    let (p99_med, p99_p90, p99_max) = workloads::spread(&p99);
+    let (p999_med, p999_p90, p999_max) = workloads::spread(&p999);
+    let (_, load_p90, load_max) = workloads::spread(&loads);
+    let over = |v: &[f64], bound: f64| v.iter().filter(|r| **r > bound).count();
+    let mut md = format!(
+        "## Generated workloads against the fixed-delay frontier (virtual time)\n\n\
+         {} workloads from seed {seed} (`integration-tests/src/tools/workloads.rs`): latency scale 1 ms to 1 s, 10 to 5,000 req/s (open loop), 3 to 6 hosts, lognormal, bimodal or Pareto bodies with stragglers, and by turns: steady, shifts up and down of x2 to x10, full and partial outages, bad hosts, endpoints of different latency in one cluster, two of these at once. Each runs without hedging, with 16 fixed delays (quantiles p50 to p99.9 of its latency without hedging) and with the policy at zero configuration (10% budget){}. The frontier at a load: the lowest p99 (p999) any fixed delay reaches at that extra load or less, linear between sweep points. Ratio = the policy's p99 (p999) / the frontier's at the policy's own extra load: 1.0 is as good as the best fixed delay chosen in hindsight.\n\n\
+         | | median | p90 | worst | workloads above 1.05 (p999: 1.10) |\n|---|---|---|---|---|\n\
+         | p99 / frontier p99 | {p99_med:.2} | {p99_p90:.2} | {p99_max:.2} | {} of {} |\n\
+         | p999 / frontier p999 | {p999_med:.2} | {p999_p90:.2} | {p999_max:.2} | {} of {} |\n\
+         | extra load | | {:.1}% | {:.1}% | {} above 10% |\n\n",
+        judged.len(),
+        if s.quick { ", each at a quarter of its length (quick)" } else { "" },
+        over(&p99, 1.05),
+        judged.len(),
+        over(&p999, 1.10),
+        judged.len(),
+        load_p90 * 100.0,
+        load_max * 100.0,
+        over(&loads, 0.10),
+    );
+    md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for j in &judged {
+        md.push_str(&format!(
+            "| {} | {}: {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.1} ms | {:.2} | {:.1}% |\n",
+            j.workload.id,
+            j.workload.category,
+            j.workload.describe(),
+            j.workload.rate,
+            j.no_hedging.0,
+            j.policy_p99,
+            j.frontier_p99,
+            j.p99_ratio(),
+            j.policy_p999,
+            j.frontier_p999,
+            j.p999_ratio(),
+            j.policy_load * 100.0
+        ));
+    }
+    md.push_str(&format!(
+        "\n{} workloads in {:.0} s.\n\n",
+        judged.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    let json = json!({
+        "seed": seed,
+        "scale": scale,
+        "workloads": judged.iter().map(|j| json!({
+            "id": j.workload.id,
+            "category": j.workload.category,
+            "description": j.workload.describe(),
+            "rate": j.workload.rate,
+            "no_hedging_p99_ms": j.no_hedging.0,
+            "policy": {"p99_ms": j.policy_p99, "p999_ms": j.policy_p999, "extra_load": j.policy_load},
+            "frontier": {"p99_ms": j.frontier_p99, "p999_ms": j.frontier_p999},
+            "sweep": j.sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    (md, json)
 }
 
 /// The policy alone: virtual time, same code, no noise.

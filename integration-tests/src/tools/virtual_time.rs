@@ -206,7 +206,11 @@ pub fn run(
         Length::Requests(n) => (n, u64::MAX),
         Length::Seconds(s) => (u64::MAX, (s * 1e6) as u64),
     };
+    // Two streams: arrivals and primaries draw from `rng` in the same order
+    // whatever the policy (so every policy of an open-loop run meets the
+    // same primaries); hedges draw from `hedge_rng`.
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut hedge_rng = StdRng::seed_from_u64(seed ^ 0x5851_F42D_4C95_7F2D);
     let config = match policy {
         Policy::Adaptive { plugin_config } => Some(Arc::new(
             Config::parse(plugin_config.as_bytes()).map_err(|e| e.to_string())?,
@@ -323,14 +327,15 @@ pub fn run(
                 let (elapsed, attempts) = match delay_us {
                     Some(d) if primary > d => {
                         // the hedge goes to another host
-                        let other = (primary_host + 1 + rng.gen_range(0..scenario.hosts() - 1))
-                            % scenario.hosts();
+                        let other =
+                            (primary_host + 1 + hedge_rng.gen_range(0..scenario.hosts() - 1))
+                                % scenario.hosts();
                         let hedge = scenario.endpoint_sample_us(
                             other,
                             endpoint,
                             t_ms + d / 1000.0,
                             total_ms,
-                            &mut rng,
+                            &mut hedge_rng,
                         );
                         (primary.min(d + hedge), 2)
                     }
