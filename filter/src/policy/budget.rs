@@ -8,17 +8,22 @@
 //! - arming sets aside the hedge's expected cost (`set_aside`: 0.08 of a
 //!   token when the delay is the p92), not a whole token: most armed requests
 //!   finish before their delay;
-//! - when the request ends, the set-aside comes back and each hedge really
-//!   sent is paid in full. The balance may go below zero (a debt); arming
+//! - once the delay of a request armed in some tick has passed (checked on
+//!   the ticks), a request of that tick still running has sent its hedge:
+//!   the rest of its token is charged then, not when it ends, so that a long
+//!   request's hedge is paid when it is sent;
+//! - when the request ends, what it did not use comes back: the set-aside of
+//!   a request that ended before its delay, the token of a hedge that was
+//!   charged but not sent. The balance may go below zero (a debt); arming
 //!   waits until the cluster's own traffic has repaid it.
 //!
-//! The limit on arming: even if every armed request in flight hedged (a VM
-//! stall or an outage makes them all outlive the delay), the debt must stay
-//! within one `burst`. So a worker holding `burst` tokens can have about
-//! 2 x `burst` requests armed at once. Setting aside a whole token instead
-//! would cap them at `burst`, and a burst of arrivals (a client that stalled
-//! and catches up) then had hedges refused on random requests, stragglers
-//! included, while the budget itself was far from spent.
+//! The limit on arming: if every armed request not yet charged hedged at
+//! once (a stall, or an outage making them all outlive the delay), the debt
+//! must stay within the exposure cap: `burst`, or twice what the requests of
+//! the last tick plus one delay would cost if that is more. So the cap
+//! follows the rate (at high rates many requests are armed at once) without
+//! refusing hedges while tokens sit idle; and a stall costs at most one
+//! hedge per request armed in that short span, once.
 //!
 //! Across workers (on the sync tick): a worker above `burst` free tokens
 //! deposits the surplus into the cluster's shared pool (itself capped at
@@ -26,7 +31,14 @@
 //! repays from it). So tokens earned on one worker pay for hedges on another,
 //! and over any period
 //!     extra attempts <= share * requests + (workers + 1) * burst
-//!                       + workers * burst (the most debt left at its end)
+//!                       + the exposure caps (the most debt left at its end)
+
+use std::collections::VecDeque;
+
+/// Ticks of armed requests kept apart at most; older ones are charged as
+/// hedged (conservative: a delay longer than this many ticks is charged
+/// early and refunded when its request ends first).
+const MAX_COHORTS: usize = 64;
 
 /// Token amounts are kept in millionths of a token, so that ten requests at
 /// a 10% share earn exactly one token (no floating-point drift).
@@ -54,15 +66,27 @@ pub struct BudgetTerms {
     pub set_aside: u64,
 }
 
+/// The armed hedges of one tick not yet charged in full.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Cohort {
+    tick: u64,
+    hedges: u64,
+    /// The tick from which they have all passed their delay.
+    due: u64,
+}
+
 /// One worker's tokens for one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalBudget {
     terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
     free: i64,
-    /// What the armed requests in flight would cost beyond their set-asides
-    /// if every one of them hedged.
-    exposure: i64,
+    /// Armed hedges not yet charged in full, by the tick they were armed in.
+    cohorts: VecDeque<Cohort>,
+    /// The most the cohorts may cost beyond their set-asides (see `tick`).
+    exposure_cap: i64,
+    /// The worker's tick count (see `tick`).
+    now: u64,
 }
 
 impl LocalBudget {
@@ -70,7 +94,9 @@ impl LocalBudget {
         LocalBudget {
             terms,
             free: 0,
-            exposure: 0,
+            cohorts: VecDeque::new(),
+            exposure_cap: signed(terms.burst),
+            now: 0,
         }
     }
 
@@ -81,6 +107,13 @@ impl LocalBudget {
 
     fn set_aside(&self) -> i64 {
         signed(self.terms.set_aside).min(TOKEN)
+    }
+
+    /// What the armed hedges not yet charged would cost beyond their
+    /// set-asides if every one was sent.
+    fn exposure(&self) -> i64 {
+        let hedges: u64 = self.cohorts.iter().map(|c| c.hedges).sum();
+        signed(hedges).saturating_mul(TOKEN - self.set_aside())
     }
 
     /// A request arrived for the cluster.
@@ -95,42 +128,82 @@ impl LocalBudget {
     }
 
     /// How many of `wanted` hedges the budget can pay for now: as many as
-    /// there are whole free tokens, and as keep the worst-case debt within
-    /// `burst`.
+    /// there are whole free tokens, and as keep the worst case (every armed
+    /// hedge not yet charged sent at once) within the exposure cap.
     pub fn affordable(&self, wanted: u32) -> u32 {
         let headroom = self
             .free
-            .saturating_sub(self.exposure)
-            .saturating_add(signed(self.terms.burst));
+            .saturating_sub(self.exposure())
+            .saturating_add(self.exposure_cap);
         (headroom / TOKEN)
             .min(self.free / TOKEN)
             .clamp(0, i64::from(wanted)) as u32
     }
 
-    /// Arms `hedges` hedges (at most what `affordable` allowed): sets aside
-    /// `set_aside` micro-tokens for each.
-    pub fn reserve(&mut self, hedges: u32) {
-        let n = i64::from(hedges);
-        let set_aside = self.set_aside();
-        self.free = self.free.saturating_sub(n.saturating_mul(set_aside));
-        self.exposure = self
-            .exposure
-            .saturating_add(n.saturating_mul(TOKEN - set_aside));
+    /// The tick the next armed hedges belong to (their `Settlement`'s).
+    pub fn cohort(&self) -> u64 {
+        self.now
     }
 
-    /// The request armed with `reserved` hedges ended having sent `sent`.
-    pub fn settle(&mut self, reserved: u32, sent: u32) {
-        let set_aside = self.set_aside();
-        let reserved = i64::from(reserved);
+    /// Arms `hedges` hedges (at most what `affordable` allowed) whose delay
+    /// has passed `delay_ticks` ticks after the next one: sets aside
+    /// `set_aside` micro-tokens for each.
+    pub fn reserve(&mut self, hedges: u32, delay_ticks: u64) {
+        let n = i64::from(hedges);
+        self.free = self.free.saturating_sub(n.saturating_mul(self.set_aside()));
+        let due = self.now.saturating_add(1).saturating_add(delay_ticks);
+        match self.cohorts.back_mut() {
+            Some(c) if c.tick == self.now => {
+                c.hedges += u64::from(hedges);
+                c.due = c.due.max(due);
+            }
+            _ => self.cohorts.push_back(Cohort {
+                tick: self.now,
+                hedges: u64::from(hedges),
+                due,
+            }),
+        }
+    }
+
+    /// A request armed in tick `cohort` with `reserved` hedges ended
+    /// having sent `sent`.
+    pub fn settle(&mut self, cohort: u64, reserved: u32, sent: u32) {
         let paid = i64::from(sent).saturating_mul(TOKEN);
-        self.free = self
-            .free
-            .saturating_add(reserved.saturating_mul(set_aside))
-            .saturating_sub(paid);
-        self.exposure = self
-            .exposure
-            .saturating_sub(reserved.saturating_mul(TOKEN - set_aside))
-            .max(0);
+        let unsettled = self
+            .cohorts
+            .iter_mut()
+            .find(|c| c.tick == cohort && c.hedges >= u64::from(reserved));
+        let returned = match unsettled {
+            // not charged yet: its set-asides come back
+            Some(c) => {
+                c.hedges -= u64::from(reserved);
+                i64::from(reserved).saturating_mul(self.set_aside())
+            }
+            // charged as sent already: its tokens come back
+            None => i64::from(reserved).saturating_mul(TOKEN),
+        };
+        self.free = self.free.saturating_add(returned).saturating_sub(paid);
+        self.cohorts.retain(|c| c.hedges > 0);
+    }
+
+    /// The worker's tick `now`: the armed hedges whose delay has passed are
+    /// charged in full (those of requests still running were sent), and the
+    /// exposure cap follows the rate: `requests_last_tick` requests, and a
+    /// delay of `delay_ticks` ticks.
+    pub fn tick(&mut self, now: u64, requests_last_tick: u64, delay_ticks: u64) {
+        self.now = now;
+        let rest = TOKEN - self.set_aside();
+        while let Some(c) = self.cohorts.front() {
+            if c.due > now && self.cohorts.len() <= MAX_COHORTS {
+                break;
+            }
+            let charge = signed(c.hedges).saturating_mul(rest);
+            self.free = self.free.saturating_sub(charge);
+            self.cohorts.pop_front();
+        }
+        let in_span = requests_last_tick.saturating_mul(delay_ticks.saturating_add(2));
+        let span_cost = signed(in_span).saturating_mul(rest).saturating_mul(2);
+        self.exposure_cap = signed(self.terms.burst).max(span_cost);
     }
 
     /// Balances this worker's tokens against the cluster's shared pool

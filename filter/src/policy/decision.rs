@@ -86,6 +86,8 @@ pub struct Plan {
     pub strip: Strip,
     /// The tracked cluster the request counts for.
     pub cluster: Option<ClusterId>,
+    /// The budget's tick its hedges are armed in (see `budget`).
+    pub cohort: u64,
     /// Time the response: a latency sample for the cluster's window.
     pub sample: bool,
 }
@@ -148,10 +150,12 @@ impl Strip {
 
 /// The hedges of an armed request, settled when it ends: those Envoy did not
 /// send go back to the budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Settlement {
     pub cluster: ClusterId,
     pub hedges: u32,
+    /// The budget's tick the hedges were armed in.
+    pub cohort: u64,
 }
 
 /// A request header value to set.
@@ -248,6 +252,7 @@ impl Plan {
             (Decision::Arm(a), Some(cluster)) => Some(Settlement {
                 cluster,
                 hedges: a.hedges,
+                cohort: self.cohort,
             }),
             _ => None,
         }
@@ -269,6 +274,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             decision: Decision::Skip(Skip::ClientControlled),
             strip: Strip::default(),
             cluster: id,
+            cohort: 0,
             sample: false,
         };
     }
@@ -294,6 +300,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         decision,
         strip,
         cluster: id,
+        cohort: tracked.map_or(0, |view| view.budget.cohort()),
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
         sample: tracked
@@ -329,6 +336,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
             }
         },
         cluster: None,
+        cohort: 0,
         sample: false,
     }
 }
@@ -449,7 +457,8 @@ mod tests {
             p.settlement(),
             Some(Settlement {
                 cluster: 3,
-                hedges: 1
+                hedges: 1,
+                cohort: 0
             })
         );
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");

@@ -100,6 +100,8 @@ pub struct ClusterState {
     population_this_tick: u32,
     stride: u32,
     requests_unsynced: u64,
+    /// Requests since the last tick (for the budget's exposure cap).
+    requests_this_tick: u64,
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
     reset_logged: bool,
@@ -121,6 +123,7 @@ impl ClusterState {
             population_this_tick: 0,
             stride: 1,
             requests_unsynced: 0,
+            requests_this_tick: 0,
             sent_unsynced: 0,
             metrics: MetricTable::default(),
             reset_logged: false,
@@ -151,13 +154,14 @@ impl ClusterState {
 
     /// Books a plan made for this cluster: the request earns its share of
     /// budget before the decision, the armed hedges are reserved after it.
-    fn book(&mut self, plan: &Plan, request: &Request) {
+    fn book(&mut self, plan: &Plan, request: &Request, tick_us: u64) {
         if in_sample_population(request, &self.policy) {
             self.population_this_tick = self.population_this_tick.saturating_add(1);
         }
         match &plan.decision {
             Decision::Arm(a) => {
-                self.budget.reserve(a.hedges);
+                let delay_ticks = (a.per_try_timeout_ms * 1000).div_ceil(tick_us.max(1));
+                self.budget.reserve(a.hedges, delay_ticks);
                 self.metrics
                     .add(ClusterMetric::HedgesArmed, u64::from(a.hedges));
             }
@@ -179,6 +183,9 @@ pub struct Worker {
     index: HashMap<Box<[u8]>, ClusterId>,
     metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
+    /// Ticks so far, and their period (µs).
+    ticks: u64,
+    tick_us: u64,
 }
 
 /// A cluster name as found in the local table.
@@ -189,6 +196,7 @@ enum Found {
 
 impl Worker {
     pub fn new(config: Arc<Config>) -> Self {
+        let tick_us = u64::try_from(config.sync_interval.as_micros()).unwrap_or(u64::MAX);
         Worker {
             geometry: WindowGeometry::new(*config.window),
             config,
@@ -196,6 +204,8 @@ impl Worker {
             index: HashMap::new(),
             metrics: MetricTable::default(),
             registry_full_logged: false,
+            ticks: 0,
+            tick_us,
         }
     }
 
@@ -244,9 +254,10 @@ impl Worker {
         };
         state.metrics.add(ClusterMetric::Requests, 1);
         state.requests_unsynced += 1;
+        state.requests_this_tick += 1;
         state.budget.earn();
         let plan = decision::plan(request, &self.config, Cluster::Tracked(state.view(id)));
-        state.book(&plan, request);
+        state.book(&plan, request, self.tick_us);
         plan
     }
 
@@ -293,7 +304,7 @@ impl Worker {
             None => u64::from(reserved),
         };
         let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
-        state.budget.settle(reserved, sent);
+        state.budget.settle(settlement.cohort, reserved, sent);
         state.metrics.add(ClusterMetric::HedgesSent, extra);
         state
             .metrics
@@ -303,7 +314,13 @@ impl Worker {
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
+        self.ticks += 1;
         for c in self.clusters.iter_mut() {
+            let delay_ticks = c
+                .hedge_delay
+                .map_or(0, |d| d.delay_us.div_ceil(self.tick_us.max(1)));
+            let requests = std::mem::take(&mut c.requests_this_tick);
+            c.budget.tick(self.ticks, requests, delay_ticks);
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
             c.population_this_tick = 0;

@@ -566,6 +566,8 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         .unwrap_or(if s.quick { 24 } else { 120 });
     let scale = if s.quick { 0.25 } else { 1.0 };
     let seed = 2026;
+    // BENCH_POLICY: the plugin config judged (zero config by default)
+    let plugin_config = std::env::var("BENCH_POLICY").unwrap_or_else(|_| "{}".into());
     let started = Instant::now();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let judged = std::sync::Mutex::new(Vec::new());
@@ -578,7 +580,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
                     return;
                 }
                 let w = workloads::Workload::generate(seed, id);
-                match workloads::judge(&w, "{}", scale) {
+                match workloads::judge(&w, &plugin_config, scale) {
                     Ok(j) => {
                         if let Ok(mut all) = judged.lock() {
                             all.push(j);
@@ -622,10 +624,10 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         load_max * 100.0,
         over(&loads, 0.10),
     );
-    md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load | refused |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for j in &judged {
         md.push_str(&format!(
-            "| {} | {}: {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.1} ms | {:.2} | {:.1}% |\n",
+            "| {} | {}: {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.1} ms | {:.2} | {:.1}% | {:.1}% |\n",
             j.workload.id,
             j.workload.category,
             j.workload.describe(),
@@ -637,7 +639,8 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             j.policy_p999,
             j.frontier_p999,
             j.p999_ratio(),
-            j.policy_load * 100.0
+            j.policy_load * 100.0,
+            j.policy_refused * 100.0
         ));
     }
     md.push_str(&format!(

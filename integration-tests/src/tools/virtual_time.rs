@@ -13,7 +13,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use adaptive_hedge::policy::config::Config;
-use adaptive_hedge::policy::decision::{Decision, Request, Settlement};
+use adaptive_hedge::policy::decision::{Decision, Request, Settlement, Skip};
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::worker::Worker;
 use adaptive_hedge::telemetry::{Level, Logger};
@@ -143,6 +143,8 @@ pub struct Outcome {
     pub delay_timeline: Vec<(f64, f64)>,
     /// Bytes the cluster's value takes in shared memory at the end (adaptive only).
     pub shared_bytes: usize,
+    /// Eligible requests the budget could not pay for (adaptive only).
+    pub budget_exhausted: u64,
 }
 
 impl Outcome {
@@ -171,8 +173,8 @@ const GET: Request = Request {
 enum Event {
     /// (caller) issues its next request.
     Issue(usize),
-    /// A request ends: (caller, worker, cluster to sample for, hedges reserved, attempts, latency µs).
-    Done(usize, usize, Option<usize>, u32, u64, u64),
+    /// A request ends: (caller, worker, cluster to sample for, hedges to settle, attempts, latency µs).
+    Done(usize, usize, Option<usize>, Option<Settlement>, u64, u64),
     Tick,
 }
 
@@ -264,6 +266,7 @@ pub fn run(
     let mut issued = 0u64;
     let mut done = 0u64;
     let mut hedges = 0u64;
+    let mut budget_exhausted = 0u64;
     let mut next_host = 0usize;
     let mut latency_us =
         Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
@@ -304,9 +307,9 @@ pub fn run(
                     scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
                 // requests alternate between the two workers
                 let wi = (issued % 2) as usize;
-                let (delay_us, reserved, sample) = match policy {
-                    Policy::None => (None, 0, None),
-                    Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), 0, None),
+                let (delay_us, settlement, sample) = match policy {
+                    Policy::None => (None, None, None),
+                    Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), None, None),
                     Policy::Adaptive { .. } => {
                         match workers.get_mut(wi).map(|w| w.plan(Some(b"backend"), &GET)) {
                             Some(plan) => {
@@ -314,13 +317,18 @@ pub fn run(
                                 match &plan.decision {
                                     Decision::Arm(a) => (
                                         Some(a.per_try_timeout_ms as f64 * 1000.0),
-                                        a.hedges,
+                                        plan.settlement(),
                                         sample,
                                     ),
-                                    Decision::Skip(_) => (None, 0, sample),
+                                    Decision::Skip(skip) => {
+                                        if *skip == Skip::BudgetExhausted {
+                                            budget_exhausted += 1;
+                                        }
+                                        (None, None, sample)
+                                    }
                                 }
                             }
-                            None => (None, 0, None),
+                            None => (None, None, None),
                         }
                     }
                 };
@@ -345,10 +353,10 @@ pub fn run(
                 push(
                     &mut events,
                     t + elapsed,
-                    Event::Done(caller, wi, sample, reserved, attempts, elapsed),
+                    Event::Done(caller, wi, sample, settlement, attempts, elapsed),
                 );
             }
-            Event::Done(caller, wi, sample, reserved, attempts, elapsed) => {
+            Event::Done(caller, wi, sample, settlement, attempts, elapsed) => {
                 done += 1;
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
@@ -357,12 +365,7 @@ pub fn run(
                     if let Some(cluster) = sample {
                         w.on_response(cluster, elapsed);
                     }
-                    if reserved > 0 {
-                        // one cluster in these runs: its id is 0
-                        let settlement = Settlement {
-                            cluster: 0,
-                            hedges: reserved,
-                        };
+                    if let Some(settlement) = settlement {
                         w.settle(settlement, Some(attempts));
                     }
                 }
@@ -387,6 +390,7 @@ pub fn run(
         hedges,
         delay_timeline,
         shared_bytes,
+        budget_exhausted,
     })
 }
 

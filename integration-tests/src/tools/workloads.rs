@@ -389,6 +389,8 @@ pub struct Judged {
     pub policy_p99: f64,
     pub policy_p999: f64,
     pub policy_load: f64,
+    /// Share of the policy's requests refused for want of budget.
+    pub policy_refused: f64,
     pub frontier_p99: f64,
     pub frontier_p999: f64,
 }
@@ -485,6 +487,7 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         policy_p99: policy.ms(0.99),
         policy_p999: policy.ms(0.999),
         policy_load: load,
+        policy_refused: policy.budget_exhausted as f64 / policy.requests.max(1) as f64,
     })
 }
 
