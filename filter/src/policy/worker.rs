@@ -160,8 +160,9 @@ impl ClusterState {
         }
         match &plan.decision {
             Decision::Arm(a) => {
-                let delay_ticks = (a.per_try_timeout_ms * 1000).div_ceil(tick_us.max(1));
-                self.budget.reserve(a.hedges, delay_ticks);
+                let delay_us = a.per_try_timeout_ms * 1000;
+                self.budget
+                    .reserve(a.hedges, delay_us.div_ceil(tick_us.max(1)));
                 self.metrics
                     .add(ClusterMetric::HedgesArmed, u64::from(a.hedges));
             }
@@ -320,7 +321,8 @@ impl Worker {
                 .hedge_delay
                 .map_or(0, |d| d.delay_us.div_ceil(self.tick_us.max(1)));
             let requests = std::mem::take(&mut c.requests_this_tick);
-            c.budget.tick(self.ticks, requests, delay_ticks);
+            let per_second = 1e6 / self.tick_us.max(1) as f64;
+            c.budget.tick(self.ticks, requests, per_second, delay_ticks);
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
             c.population_this_tick = 0;

@@ -128,6 +128,18 @@ impl<H: Host> DownstreamRequest<H> {
         }
     }
 
+    /// Settles the armed hedges, once: `upstream.request_attempt_count` says
+    /// how many attempts Envoy started.
+    fn settle(&mut self) {
+        let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
+            return;
+        };
+        let attempts = int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
+        if let Ok(mut worker) = worker.try_borrow_mut() {
+            worker.settle(settlement, attempts);
+        }
+    }
+
     /// Records the latency of an upstream response, once.
     fn record_sample(&mut self) {
         let Some((cluster, started_ns)) = self.sample.take() else {
@@ -163,6 +175,10 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     }
 
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        // The router has committed to an attempt: no more hedges will start,
+        // and what was not sent goes back to the budget now, not when a long
+        // (or streamed) response ends.
+        self.settle();
         if let (true, Some(decision)) = (self.debug_header, &self.decision) {
             let _ = self
                 .host
@@ -181,14 +197,10 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         Action::Continue
     }
 
+    /// A stream that ends without response headers (a client that went
+    /// away) is settled here.
     fn on_log(&mut self) {
-        let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
-            return;
-        };
-        let attempts = int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
-        if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.settle(settlement, attempts);
-        }
+        self.settle();
     }
 }
 
@@ -297,6 +309,25 @@ mod tests {
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         assert_eq!(stat(&host, "hedges_sent_total"), 2);
         assert_eq!(stat(&host, "requests_total"), 153);
+    }
+
+    #[test]
+    fn hedges_are_settled_at_the_response_headers() {
+        let (host, mut plugin) = warmed("{}");
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+        r.on_response_headers(false);
+        assert_eq!(host.calls_to("property"), 3, "cluster, attempts, origin");
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_refunded_total"), 1);
+        // the stream ends later: nothing is settled twice
+        r.on_log();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_refunded_total"), 1);
+        assert_eq!(stat(&host, "hedges_armed_total"), 1);
     }
 
     #[test]
