@@ -2,7 +2,8 @@
 //!
 //! Two kinds of keys (same `vm_id` = same shared data):
 //! - `adaptive_hedge/v1/cluster/<name>`: the cluster's [`SharedCluster`]:
-//!   its latency window, its budget pool and two lifetime counters;
+//!   its latency window, its long horizon, its budget pool and two lifetime
+//!   counters;
 //! - `adaptive_hedge/v1/clusters`: the registry of tracked cluster names,
 //!   which bounds how many cluster keys exist at all.
 //!
@@ -14,14 +15,16 @@
 use std::fmt;
 
 use super::sketch::{Sketch, MAX_KEY};
-use super::window::{ClusterWindow, Slice, WindowGeometry, SLICES};
+use super::window::{ClusterWindow, LongHorizon, Slice, WindowGeometry, SLICES};
 
 pub const CLUSTER_KEY_PREFIX: &str = "adaptive_hedge/v1/cluster/";
 pub const REGISTRY_KEY: &str = "adaptive_hedge/v1/clusters";
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
 const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
-pub const ENCODING_VERSION: u8 = 1;
+/// 2: the long horizon. A value of version 1 (an older filter) is reset
+/// once, like any value that does not decode.
+pub const ENCODING_VERSION: u8 = 2;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
 
@@ -61,6 +64,7 @@ impl fmt::Display for DecodeError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SharedCluster {
     pub window: ClusterWindow,
+    pub long: LongHorizon,
     /// Budget micro-tokens deposited by workers with a surplus.
     pub pool: u64,
     /// Requests seen by all workers (lifetime).
@@ -73,6 +77,7 @@ impl SharedCluster {
     pub fn new(geometry: WindowGeometry) -> Self {
         SharedCluster {
             window: ClusterWindow::new(geometry),
+            long: LongHorizon::default(),
             pool: 0,
             requests_total: 0,
             hedges_sent_total: 0,
@@ -85,7 +90,8 @@ impl SharedCluster {
             .slices
             .iter()
             .map(|s| s.sketch.counts().len())
-            .sum();
+            .sum::<usize>()
+            + self.long.sketch.counts().len();
         let mut out = Vec::with_capacity(4 + 8 * 4 + 1 + SLICES * 12 + buckets * 4);
         out.extend_from_slice(CLUSTER_MAGIC);
         out.push(ENCODING_VERSION);
@@ -96,12 +102,10 @@ impl SharedCluster {
         out.push(SLICES as u8);
         for slice in &self.window.slices {
             out.extend_from_slice(&slice.epoch.to_le_bytes());
-            out.extend_from_slice(&(slice.sketch.offset() as u16).to_le_bytes());
-            out.extend_from_slice(&(slice.sketch.counts().len() as u16).to_le_bytes());
-            for c in slice.sketch.counts() {
-                out.extend_from_slice(&c.to_le_bytes());
-            }
+            encode_sketch(&slice.sketch, &mut out);
         }
+        out.extend_from_slice(&self.long.period.to_le_bytes());
+        encode_sketch(&self.long.sketch, &mut out);
         out
     }
 
@@ -121,24 +125,21 @@ impl SharedCluster {
         let mut window = ClusterWindow::new(geometry);
         for slot in window.slices.iter_mut() {
             let epoch = r.u64()?;
-            let offset = i32::from(r.u16()?);
-            let len = usize::from(r.u16()?);
-            if len > MAX_KEY as usize + 1 {
-                return Err(DecodeError::Corrupt("sketch has too many buckets"));
-            }
-            let mut counts = Vec::with_capacity(len);
-            for _ in 0..len {
-                counts.push(r.u32()?);
-            }
-            let sketch = Sketch::from_parts(offset, counts)
-                .ok_or(DecodeError::Corrupt("sketch buckets out of range"))?;
-            *slot = Slice { epoch, sketch };
+            *slot = Slice {
+                epoch,
+                sketch: r.sketch()?,
+            };
         }
+        let long = LongHorizon {
+            period: r.u64()?,
+            sketch: r.sketch()?,
+        };
         if !r.bytes.is_empty() {
             return Err(DecodeError::Corrupt("trailing bytes"));
         }
         Ok(SharedCluster {
             window,
+            long,
             pool,
             requests_total,
             hedges_sent_total,
@@ -199,6 +200,15 @@ impl Registry {
     }
 }
 
+/// A sketch's bytes: key offset, bucket count (u16 each), the counts (u32).
+fn encode_sketch(sketch: &Sketch, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(sketch.offset() as u16).to_le_bytes());
+    out.extend_from_slice(&(sketch.counts().len() as u16).to_le_bytes());
+    for c in sketch.counts() {
+        out.extend_from_slice(&c.to_le_bytes());
+    }
+}
+
 /// Bounds-checked little-endian reader.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -231,6 +241,20 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn sketch(&mut self) -> Result<Sketch, DecodeError> {
+        let offset = i32::from(self.u16()?);
+        let len = usize::from(self.u16()?);
+        if len > MAX_KEY as usize + 1 {
+            return Err(DecodeError::Corrupt("sketch has too many buckets"));
+        }
+        let mut counts = Vec::with_capacity(len);
+        for _ in 0..len {
+            counts.push(self.u32()?);
+        }
+        Sketch::from_parts(offset, counts)
+            .ok_or(DecodeError::Corrupt("sketch buckets out of range"))
     }
 
     fn header(&mut self, magic: &[u8; 3]) -> Result<(), DecodeError> {
@@ -321,6 +345,7 @@ mod tests {
         }
         c.window.merge(1_000_000, &s);
         c.window.merge(1_006_000, &s);
+        c.long.merge(1_006_000, &s);
         c.pool = 3_500_000;
         c.requests_total = 1234;
         c.hedges_sent_total = 56;

@@ -117,6 +117,28 @@ impl Sketch {
         self.total += u64::from(n);
     }
 
+    /// Halves every count `times` times: older samples weigh less. Buckets
+    /// left empty at either end are dropped.
+    pub fn halve(&mut self, times: u32) {
+        if times == 0 {
+            return;
+        }
+        for c in self.counts.iter_mut() {
+            *c = c.checked_shr(times).unwrap_or(0);
+        }
+        while self.counts.last() == Some(&0) {
+            self.counts.pop();
+        }
+        let leading = self.counts.iter().take_while(|&&c| c == 0).count();
+        self.counts.drain(..leading);
+        self.offset = if self.counts.is_empty() {
+            0
+        } else {
+            self.offset + leading as i32
+        };
+        self.total = self.counts.iter().map(|&c| u64::from(c)).sum();
+    }
+
     /// Adds every sample of `other` (DDSketch merge: bucket-wise sum).
     pub fn merge(&mut self, other: &Sketch) {
         for (i, &n) in other.counts.iter().enumerate() {
@@ -268,6 +290,26 @@ mod tests {
         assert_eq!(s.count(), 8);
         assert_eq!(s.quantile(0.0), Some(1.0));
         assert!(s.quantile(1.0).unwrap() > 1e12);
+    }
+
+    #[test]
+    fn halving_keeps_the_shape_and_forgets_the_few() {
+        let mut s = Sketch::new();
+        for _ in 0..8 {
+            s.add(1000.0);
+        }
+        s.add(5.0);
+        for _ in 0..4 {
+            s.add(50_000.0);
+        }
+        let median = s.quantile(0.5);
+        s.halve(1);
+        assert_eq!(s.count(), 4 + 2, "the lone 5 µs sample is gone");
+        assert_eq!(s.quantile(0.5), median);
+        assert_eq!(s.offset(), key_for(1000.0), "empty buckets dropped");
+        s.halve(40);
+        assert!(s.is_empty());
+        assert_eq!(Sketch::from_parts(s.offset(), s.counts().to_vec()), Some(s));
     }
 
     #[test]

@@ -113,6 +113,34 @@ impl ClusterWindow {
     }
 }
 
+/// How fast the long horizon forgets: every sample's weight halves every
+/// ten minutes (an hour ago weighs a sixty-fourth).
+pub const LONG_HALF_LIFE_MS: u64 = 600_000;
+
+/// Every sample of the cluster, older ones weighing less: the distribution
+/// over a long horizon (see `hedge_delay`). One sketch, halved once per
+/// half-life; `period` is the half-life count it was last halved at, taken
+/// from the wall clock like the window's epochs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LongHorizon {
+    pub period: u64,
+    pub sketch: Sketch,
+}
+
+impl LongHorizon {
+    /// Adds samples taken up to `now_ms`, first halving the older ones once
+    /// per half-life passed since the last merge.
+    pub fn merge(&mut self, now_ms: u64, samples: &Sketch) {
+        let period = now_ms / LONG_HALF_LIFE_MS;
+        if period > self.period {
+            let passed = u32::try_from(period - self.period).unwrap_or(u32::MAX);
+            self.sketch.halve(passed);
+            self.period = period;
+        }
+        self.sketch.merge(samples);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +197,19 @@ mod tests {
         assert_eq!(w.snapshot_recent(10_000, 2).count(), 60);
         assert_eq!(w.snapshot_recent(10_000, 1).count(), 40);
         assert_eq!(w.snapshot(10_000).count(), 70);
+    }
+
+    #[test]
+    fn the_long_horizon_halves_old_samples_once_per_half_life() {
+        let mut long = LongHorizon::default();
+        let t0 = 100 * LONG_HALF_LIFE_MS;
+        long.merge(t0, &batch(1000.0, 64));
+        long.merge(t0 + 1, &batch(1000.0, 64));
+        assert_eq!(long.sketch.count(), 128);
+        long.merge(t0 + LONG_HALF_LIFE_MS, &batch(9000.0, 16));
+        assert_eq!(long.sketch.count(), 64 + 16);
+        long.merge(t0 + 4 * LONG_HALF_LIFE_MS, &Sketch::new());
+        assert_eq!(long.sketch.count(), 8 + 2);
     }
 
     #[test]

@@ -425,6 +425,7 @@ impl Worker {
                 budget.rebalance(&mut shared.pool);
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
+                shared.long.merge(now_ms, &state.samples);
                 shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
                 shared.hedges_sent_total =
                     shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
@@ -449,11 +450,10 @@ impl Worker {
         state.sent_unsynced = 0;
         state.budget = budget;
         state.shared_bytes = shared.bytes;
-        let window = shared.value.window.snapshot(now_ms);
-        state.window_samples = window.count();
+        state.window_samples = shared.value.window.snapshot(now_ms).count();
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
-        state.hedge_delay = hedge_delay(&state.policy, &window, &recent);
+        state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent);
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,
