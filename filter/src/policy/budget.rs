@@ -82,8 +82,10 @@ pub struct LocalBudget {
     terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
     free: i64,
-    /// Armed hedges not yet charged in full, by the tick they were armed in.
+    /// Armed hedges not yet charged in full, by the tick they were armed in,
+    /// and their sum (read on every request).
     cohorts: VecDeque<Cohort>,
+    uncharged: u64,
     /// The most the cohorts may cost beyond their set-asides (see `tick`).
     exposure_cap: i64,
     /// The worker's tick count (see `tick`).
@@ -99,6 +101,7 @@ impl LocalBudget {
             terms,
             free: 0,
             cohorts: VecDeque::new(),
+            uncharged: 0,
             exposure_cap: signed(terms.burst),
             now: 0,
             saved_cap: signed(terms.burst),
@@ -117,8 +120,7 @@ impl LocalBudget {
     /// What the armed hedges not yet charged would cost beyond their
     /// set-asides if every one was sent.
     fn exposure(&self) -> i64 {
-        let hedges: u64 = self.cohorts.iter().map(|c| c.hedges).sum();
-        signed(hedges).saturating_mul(TOKEN - self.set_aside())
+        signed(self.uncharged).saturating_mul(TOKEN - self.set_aside())
     }
 
     /// A request arrived for the cluster.
@@ -156,6 +158,7 @@ impl LocalBudget {
         let n = i64::from(hedges);
         self.free = self.free.saturating_sub(n.saturating_mul(self.set_aside()));
         let due = self.now.saturating_add(1).saturating_add(delay_ticks);
+        self.uncharged += u64::from(hedges);
         match self.cohorts.back_mut() {
             Some(c) if c.tick == self.now => {
                 c.hedges += u64::from(hedges);
@@ -181,6 +184,7 @@ impl LocalBudget {
             // not charged yet: its set-asides come back
             Some(c) => {
                 c.hedges -= u64::from(reserved);
+                self.uncharged = self.uncharged.saturating_sub(u64::from(reserved));
                 i64::from(reserved).saturating_mul(self.set_aside())
             }
             // charged as sent already: its tokens come back
@@ -208,6 +212,7 @@ impl LocalBudget {
             }
             let charge = signed(c.hedges).saturating_mul(rest);
             self.free = self.free.saturating_sub(charge);
+            self.uncharged = self.uncharged.saturating_sub(c.hedges);
             self.cohorts.pop_front();
         }
         // The exposure cap: one and a half times what the requests of the
