@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
             worker.on_response(id, 1000 + i);
         }
         if let Some(settlement) = plan.settlement() {
-            worker.settle(settlement, Some(1));
+            worker.settle(settlement, Some(1), None);
         }
         worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
     }

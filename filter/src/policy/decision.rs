@@ -156,6 +156,8 @@ pub struct Settlement {
     pub hedges: u32,
     /// The budget's tick the hedges were armed in.
     pub cohort: u64,
+    /// The per-try timeout they were armed with (to tell early hedges).
+    pub per_try_timeout_ms: u64,
 }
 
 /// A request header value to set.
@@ -253,6 +255,7 @@ impl Plan {
                 cluster,
                 hedges: a.hedges,
                 cohort: self.cohort,
+                per_try_timeout_ms: a.per_try_timeout_ms,
             }),
             _ => None,
         }
@@ -458,7 +461,8 @@ mod tests {
             Some(Settlement {
                 cluster: 3,
                 hedges: 1,
-                cohort: 0
+                cohort: 0,
+                per_try_timeout_ms: 8
             })
         );
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");

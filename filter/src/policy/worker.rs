@@ -54,6 +54,9 @@ metric_set! {
         HedgesRefunded = ("hedges_refunded_total", Counter),
         BudgetExhausted = ("budget_exhausted_total", Counter),
         Ineligible = ("ineligible_total", Counter),
+        /// Hedges the router sent although the response came before their
+        /// delay (its timers fire early on a busy event loop; see `settle`).
+        EarlyHedges = ("early_hedges_total", Counter),
         HedgeDelayUs = ("hedge_delay_us", Gauge),
         WindowSamples = ("window_samples", Gauge),
     }
@@ -102,6 +105,8 @@ pub struct ClusterState {
     requests_unsynced: u64,
     /// Requests since the last tick (for the budget's exposure cap).
     requests_this_tick: u64,
+    /// How much later than the delay the per-try timeout is set.
+    timer: TimerSlack,
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
     reset_logged: bool,
@@ -124,6 +129,7 @@ impl ClusterState {
             stride: 1,
             requests_unsynced: 0,
             requests_this_tick: 0,
+            timer: TimerSlack::default(),
             sent_unsynced: 0,
             metrics: MetricTable::default(),
             reset_logged: false,
@@ -295,7 +301,19 @@ impl Worker {
     /// An armed request ended; `attempts` is `upstream.request_attempt_count`
     /// (`Some(1)` when arming failed; `None` if the host could not tell: then
     /// every reserved hedge is paid as sent).
-    pub fn settle(&mut self, settlement: Settlement, attempts: Option<u64>) {
+    ///
+    /// `latency_us`: the response's time, if it was timed. A hedge sent
+    /// although the response came before its per-try timeout was sent
+    /// early: Envoy sets timers from a time read at the start of its event
+    /// loop's pass, so on a busy loop they fire early (a 4 ms per-try
+    /// timeout on a 3 ms upstream sent hedges on 40% of requests, 4 callers,
+    /// against 4% with one caller). The early share raises the timeout.
+    pub fn settle(
+        &mut self,
+        settlement: Settlement,
+        attempts: Option<u64>,
+        latency_us: Option<u64>,
+    ) {
         let Some(state) = self.clusters.get_mut(settlement.cluster) else {
             return;
         };
@@ -306,6 +324,13 @@ impl Worker {
         };
         let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
         state.budget.settle(settlement.cohort, reserved, sent);
+        if let Some(latency_us) = latency_us {
+            let early = sent > 0 && latency_us < settlement.per_try_timeout_ms * 1000;
+            state.timer.observe(early);
+            if early {
+                state.metrics.add(ClusterMetric::EarlyHedges, 1);
+            }
+        }
         state.metrics.add(ClusterMetric::HedgesSent, extra);
         state
             .metrics
@@ -453,7 +478,9 @@ impl Worker {
         state.window_samples = shared.value.window.snapshot(now_ms).count();
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
-        state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent);
+        state.timer.tick();
+        state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent)
+            .map(|d| state.timer.apply(d, &state.policy));
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,
@@ -508,6 +535,61 @@ impl Worker {
         }
     }
 }
+
+/// Timed armed requests settled before the early share is judged; the
+/// share above which the per-try timeout is set later, and below which (ten
+/// times in a row) it comes back a millisecond.
+const TIMED_FOR_A_VERDICT: u32 = 30;
+const EARLY_TOO_MANY: f64 = 0.02;
+const EARLY_FEW: f64 = 0.005;
+const CLEAN_VERDICTS_TO_RELAX: u32 = 10;
+
+/// How much later than the learned delay the per-try timeout is set, so that
+/// Envoy's early timers fire the hedge at the delay (see `Worker::settle`).
+#[derive(Debug, Default)]
+struct TimerSlack {
+    ms: u64,
+    timed: u32,
+    early: u32,
+    clean: u32,
+}
+
+impl TimerSlack {
+    fn observe(&mut self, early: bool) {
+        self.timed = self.timed.saturating_add(1);
+        self.early = self.early.saturating_add(u32::from(early));
+    }
+
+    /// On the tick: once enough timed requests settled, a verdict.
+    fn tick(&mut self) {
+        if self.timed < TIMED_FOR_A_VERDICT {
+            return;
+        }
+        let share = f64::from(self.early) / f64::from(self.timed);
+        if share > EARLY_TOO_MANY {
+            self.ms = (self.ms + (self.ms / 4).max(1)).min(MAX_TIMER_SLACK_MS);
+            self.clean = 0;
+        } else if share < EARLY_FEW {
+            self.clean += 1;
+            if self.clean >= CLEAN_VERDICTS_TO_RELAX {
+                self.ms = self.ms.saturating_sub(1);
+                self.clean = 0;
+            }
+        }
+        self.timed = 0;
+        self.early = 0;
+    }
+
+    /// The per-try timeout, later by the slack, within `max_delay`.
+    fn apply(&self, mut delay: HedgeDelay, policy: &ClusterPolicy) -> HedgeDelay {
+        let max_ms = u64::try_from(policy.max_delay.as_millis()).unwrap_or(u64::MAX);
+        delay.per_try_timeout_ms = (delay.per_try_timeout_ms + self.ms).min(max_ms.max(1));
+        delay
+    }
+}
+
+/// The most the per-try timeout is set after the delay.
+const MAX_TIMER_SLACK_MS: u64 = 50;
 
 /// What `update_shared` met on its way.
 struct SharedUpdate<T> {
@@ -618,7 +700,7 @@ mod tests {
                 let plan = w.plan(Some(cluster.as_bytes()), &GET);
                 w.on_response(plan.cluster.unwrap(), us);
                 if let Some(s) = plan.settlement() {
-                    w.settle(s, Some(1));
+                    w.settle(s, Some(1), None);
                 }
                 plan.decision
             })
@@ -897,10 +979,10 @@ mod tests {
         // armed and hedged
         let plan = w.plan(Some(b"c"), &GET);
         assert!(matches!(plan.decision, Decision::Arm(_)));
-        w.settle(plan.settlement().unwrap(), Some(2));
+        w.settle(plan.settlement().unwrap(), Some(2), None);
         // armed, and ended before its hedge
         let plan = w.plan(Some(b"c"), &GET);
-        w.settle(plan.settlement().unwrap(), Some(1));
+        w.settle(plan.settlement().unwrap(), Some(1), None);
         // not idempotent
         assert_eq!(
             decision(&mut w, b"c", b"POST"),
@@ -1030,5 +1112,60 @@ mod tests {
         for name in names {
             assert!(readme.contains(&format!("`{name}`")), "README lacks {name}");
         }
+    }
+
+    /// Hedges the router sends before their delay (a busy event loop fires
+    /// timers early) set the per-try timeout later, until they stop; when
+    /// they are gone for good it comes back a millisecond at a time.
+    #[test]
+    fn early_hedges_set_the_per_try_timeout_later() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10, "budget_percent": 50}"#));
+        let mut log = Lines::default();
+        traffic(&mut w, "c", 200, 3000);
+        w.sync(T0, &store, &mut log);
+        let per_try = |w: &Worker| {
+            w.cluster(0)
+                .unwrap()
+                .hedge_delay()
+                .unwrap()
+                .per_try_timeout_ms
+        };
+        let base = per_try(&w);
+        // 40 armed requests answered in 2.5 ms, before their delay; a third
+        // of them hedged anyway
+        let mut now = T0;
+        let mut round = |w: &mut Worker, early_every: u64| {
+            for i in 0..40u64 {
+                let plan = w.plan(Some(b"c"), &GET);
+                let sent = if early_every > 0 && i % early_every == 0 {
+                    2
+                } else {
+                    1
+                };
+                if let Some(s) = plan.settlement() {
+                    w.settle(s, Some(sent), Some(2500));
+                }
+            }
+            now += 200;
+            w.sync(now, &store, &mut Lines::default());
+        };
+        round(&mut w, 3);
+        assert_eq!(per_try(&w), base + 1);
+        round(&mut w, 3);
+        assert_eq!(per_try(&w), base + 2);
+        // none early any more: it holds, then relaxes after ten clean verdicts
+        for _ in 0..9 {
+            round(&mut w, 0);
+        }
+        assert_eq!(per_try(&w), base + 2);
+        round(&mut w, 0);
+        assert_eq!(per_try(&w), base + 1);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.early_hedges_total.c"), Some(28));
+        // the learned delay itself is untouched
+        let delay = stats.get("adaptive_hedge.hedge_delay_us.c").unwrap();
+        assert!((2900..=3100).contains(&delay), "{delay}");
     }
 }

@@ -98,7 +98,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // Nothing armed may be left behind, and the tokens go back.
                 self.strip(Strip::ALL);
                 if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
-                    worker.settle(settlement, Some(1));
+                    worker.settle(settlement, Some(1), None);
                 }
             }
         }
@@ -130,33 +130,32 @@ impl<H: Host> DownstreamRequest<H> {
 
     /// Settles the armed hedges, once: `upstream.request_attempt_count` says
     /// how many attempts Envoy started.
-    fn settle(&mut self) {
+    /// `latency_us`: the response's, if it was timed (to tell a hedge the
+    /// router sent before its delay).
+    fn settle(&mut self, latency_us: Option<u64>) {
         let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
             return;
         };
         let attempts = int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
         if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.settle(settlement, attempts);
+            worker.settle(settlement, attempts, latency_us);
         }
     }
 
-    /// Records the latency of an upstream response, once.
-    fn record_sample(&mut self) {
-        let Some((cluster, started_ns)) = self.sample.take() else {
-            return;
-        };
+    /// Records the latency of an upstream response, once; returns it.
+    fn record_sample(&mut self) -> Option<u64> {
+        let (cluster, started_ns) = self.sample.take()?;
         // Local replies (no healthy host, connect failure, timeouts) are not
         // the upstream's latency.
         let origin = self.host.property(RESPONSE_CODE_DETAILS).ok().flatten();
         if origin.as_deref() != Some(VIA_UPSTREAM) {
-            return;
+            return None;
         }
-        let (Ok(now), Some(worker)) = (self.host.now_ns(), &self.worker) else {
-            return;
-        };
-        if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.on_response(cluster, now.saturating_sub(started_ns) / 1000);
-        }
+        let now = self.host.now_ns().ok()?;
+        let latency_us = now.saturating_sub(started_ns) / 1000;
+        let mut worker = self.worker.as_ref()?.try_borrow_mut().ok()?;
+        worker.on_response(cluster, latency_us);
+        Some(latency_us)
     }
 }
 
@@ -175,24 +174,26 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     }
 
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        let latency_us = if self.signal == LatencySignal::Headers || end_of_stream {
+            self.record_sample()
+        } else {
+            None
+        };
         // The router has committed to an attempt: no more hedges will start,
         // and what was not sent goes back to the budget now, not when a long
         // (or streamed) response ends.
-        self.settle();
+        self.settle(latency_us);
         if let (true, Some(decision)) = (self.debug_header, &self.decision) {
             let _ = self
                 .host
                 .set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
-        }
-        if self.signal == LatencySignal::Headers || end_of_stream {
-            self.record_sample();
         }
         Action::Continue
     }
 
     fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
-            self.record_sample();
+            let _ = self.record_sample();
         }
         Action::Continue
     }
@@ -200,7 +201,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     /// A stream that ends without response headers (a client that went
     /// away) is settled here.
     fn on_log(&mut self) {
-        self.settle();
+        self.settle(None);
     }
 }
 

@@ -366,7 +366,7 @@ pub fn run(
                         w.on_response(cluster, elapsed);
                     }
                     if let Some(settlement) = settlement {
-                        w.settle(settlement, Some(attempts));
+                        w.settle(settlement, Some(attempts), Some(elapsed));
                     }
                 }
                 if let Load::Closed { .. } = load {
