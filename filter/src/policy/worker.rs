@@ -16,7 +16,7 @@ use super::decision::{
     self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request,
     Settlement, Skip,
 };
-use super::hedge_delay::{budget_terms, hedge_delay, HedgeDelay};
+use super::hedge_delay::{budget_terms, hedge_delay, trigger_quantile, HedgeDelay};
 use super::shared_state::{
     cluster_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY,
     MAX_CLUSTER_NAME, REGISTRY_KEY,
@@ -326,7 +326,7 @@ impl Worker {
         state.budget.settle(settlement.cohort, reserved, sent);
         if let Some(latency_us) = latency_us {
             let early = sent > 0 && latency_us < settlement.per_try_timeout_ms * 1000;
-            state.timer.observe(early);
+            state.timer.observe(sent > 0, early);
             if early {
                 state.metrics.add(ClusterMetric::EarlyHedges, 1);
             }
@@ -478,7 +478,7 @@ impl Worker {
         state.window_samples = shared.value.window.snapshot(now_ms).count();
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
-        state.timer.tick();
+        state.timer.tick(1.0 - trigger_quantile(&state.policy));
         state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent)
             .map(|d| state.timer.apply(d, &state.policy));
     }
@@ -536,13 +536,16 @@ impl Worker {
     }
 }
 
-/// Timed armed requests settled before the early share is judged; the
-/// share above which the per-try timeout is set later, and below which (ten
-/// times in a row) it comes back a millisecond.
+/// Timed armed requests settled before a verdict on the timer; early hedges
+/// must be above `EARLY_TOO_MANY` of them, and all hedges above
+/// `OVER_PLAN` times the planned share, for the per-try timeout to be set
+/// later (early hedges matter when they spend the budget on requests that
+/// were not slow); after `CLEAN_VERDICTS_TO_RELAX` verdicts in a row with
+/// hedges under the plan it comes back a millisecond.
 const TIMED_FOR_A_VERDICT: u32 = 30;
 const EARLY_TOO_MANY: f64 = 0.02;
-const EARLY_FEW: f64 = 0.005;
-const CLEAN_VERDICTS_TO_RELAX: u32 = 10;
+const OVER_PLAN: f64 = 1.5;
+const CLEAN_VERDICTS_TO_RELAX: u32 = 20;
 
 /// How much later than the learned delay the per-try timeout is set, so that
 /// Envoy's early timers fire the hedge at the delay (see `Worker::settle`).
@@ -551,25 +554,30 @@ struct TimerSlack {
     ms: u64,
     timed: u32,
     early: u32,
+    hedged: u32,
     clean: u32,
 }
 
 impl TimerSlack {
-    fn observe(&mut self, early: bool) {
+    fn observe(&mut self, hedged: bool, early: bool) {
         self.timed = self.timed.saturating_add(1);
+        self.hedged = self.hedged.saturating_add(u32::from(hedged));
         self.early = self.early.saturating_add(u32::from(early));
     }
 
-    /// On the tick: once enough timed requests settled, a verdict.
-    fn tick(&mut self) {
+    /// On the tick: once enough timed requests settled, a verdict; `planned`
+    /// is the share of requests the delay plans to hedge.
+    fn tick(&mut self, planned: f64) {
         if self.timed < TIMED_FOR_A_VERDICT {
             return;
         }
-        let share = f64::from(self.early) / f64::from(self.timed);
-        if share > EARLY_TOO_MANY {
+        let timed = f64::from(self.timed);
+        let early = f64::from(self.early) / timed;
+        let hedged = f64::from(self.hedged) / timed;
+        if early > EARLY_TOO_MANY && hedged > planned * OVER_PLAN {
             self.ms = (self.ms + (self.ms / 4).max(1)).min(MAX_TIMER_SLACK_MS);
             self.clean = 0;
-        } else if share < EARLY_FEW {
+        } else if hedged < planned {
             self.clean += 1;
             if self.clean >= CLEAN_VERDICTS_TO_RELAX {
                 self.ms = self.ms.saturating_sub(1);
@@ -578,6 +586,7 @@ impl TimerSlack {
         }
         self.timed = 0;
         self.early = 0;
+        self.hedged = 0;
     }
 
     /// The per-try timeout, later by the slack, within `max_delay`.
@@ -1115,8 +1124,9 @@ mod tests {
     }
 
     /// Hedges the router sends before their delay (a busy event loop fires
-    /// timers early) set the per-try timeout later, until they stop; when
-    /// they are gone for good it comes back a millisecond at a time.
+    /// timers early), when they make hedges far more than planned, set the
+    /// per-try timeout later; when hedges stay under the plan it comes back
+    /// a millisecond at a time.
     #[test]
     fn early_hedges_set_the_per_try_timeout_later() {
         let store = MemoryStore::default();
@@ -1154,8 +1164,12 @@ mod tests {
         assert_eq!(per_try(&w), base + 1);
         round(&mut w, 3);
         assert_eq!(per_try(&w), base + 2);
-        // none early any more: it holds, then relaxes after ten clean verdicts
-        for _ in 0..9 {
+        // a few early ones among hedges under plan (1 in 20, all early): no
+        // change, and the first of twenty verdicts under plan
+        round(&mut w, 20);
+        assert_eq!(per_try(&w), base + 2);
+        // hedges under the plan: it holds, then relaxes after twenty verdicts
+        for _ in 0..18 {
             round(&mut w, 0);
         }
         assert_eq!(per_try(&w), base + 2);
@@ -1163,7 +1177,7 @@ mod tests {
         assert_eq!(per_try(&w), base + 1);
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.early_hedges_total.c"), Some(28));
+        assert_eq!(stats.get("adaptive_hedge.early_hedges_total.c"), Some(30));
         // the learned delay itself is untouched
         let delay = stats.get("adaptive_hedge.hedge_delay_us.c").unwrap();
         assert!((2900..=3100).contains(&delay), "{delay}");
