@@ -141,6 +141,15 @@ pub struct Strip {
 }
 
 impl Strip {
+    /// What the client sent: removing only that saves a host call per
+    /// header it did not send.
+    pub fn client_sent(request: &Request) -> Strip {
+        Strip {
+            control: request.client_controls,
+            marker: request.client_marker,
+        }
+    }
+
     /// Everything: what is left to do when arming failed half-way.
     pub const ALL: Strip = Strip {
         control: true,
@@ -293,11 +302,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             control: false,
             marker: request.client_marker && !a.first_byte_marker,
         },
-        // Removing only what is present saves a host call per header.
-        Decision::Skip(_) => Strip {
-            control: request.client_controls,
-            marker: request.client_marker,
-        },
+        Decision::Skip(_) => Strip::client_sent(request),
     };
     Plan {
         decision,
@@ -333,10 +338,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
         strip: if trusted {
             Strip::default()
         } else {
-            Strip {
-                control: request.client_controls,
-                marker: request.client_marker,
-            }
+            Strip::client_sent(request)
         },
         cluster: None,
         cohort: 0,

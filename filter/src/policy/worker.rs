@@ -195,12 +195,6 @@ pub struct Worker {
     tick_us: u64,
 }
 
-/// A cluster name as found in the local table.
-enum Found {
-    Tracked(ClusterId),
-    Untracked,
-}
-
 impl Worker {
     pub fn new(config: Arc<Config>) -> Self {
         let tick_us = u64::try_from(config.sync_interval.as_micros()).unwrap_or(u64::MAX);
@@ -229,35 +223,16 @@ impl Worker {
     /// sample slot. The caller carries it out, and calls `settle` with its
     /// `settlement` when the request ends (or at once if arming failed).
     pub fn plan(&mut self, cluster: Option<&[u8]>, request: &Request) -> Plan {
-        let found =
-            cluster
-                .filter(|name| !name.is_empty())
-                .map(|name| match self.lookup_or_insert(name) {
-                    Some(id)
-                        if self
-                            .clusters
-                            .get(id)
-                            .is_some_and(|c| c.tracking != Tracking::Untracked) =>
-                    {
-                        Found::Tracked(id)
-                    }
-                    _ => Found::Untracked,
-                });
-        let state = match found {
-            Some(Found::Tracked(id)) => self.clusters.get_mut(id).map(|s| (id, s)),
-            Some(Found::Untracked) => {
-                self.metrics.add(WorkerMetric::UntrackedRequests, 1);
-                None
-            }
-            None => None,
+        let Some(name) = cluster.filter(|name| !name.is_empty()) else {
+            return decision::plan(request, &self.config, Cluster::None);
         };
-        let Some((id, state)) = state else {
-            let cluster = if found.is_some() {
-                Cluster::Untracked
-            } else {
-                Cluster::None
-            };
-            return decision::plan(request, &self.config, cluster);
+        let tracked = self.lookup_or_insert(name).and_then(|id| {
+            let state = self.clusters.get_mut(id)?;
+            (state.tracking != Tracking::Untracked).then_some((id, state))
+        });
+        let Some((id, state)) = tracked else {
+            self.metrics.add(WorkerMetric::UntrackedRequests, 1);
+            return decision::plan(request, &self.config, Cluster::Untracked);
         };
         state.metrics.add(ClusterMetric::Requests, 1);
         state.requests_unsynced += 1;

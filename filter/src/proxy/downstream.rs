@@ -66,8 +66,8 @@ impl<H: Host> DownstreamRequest<H> {
     /// Asks the worker for the plan and carries it out, all under one
     /// borrow of the worker (a failed arm refunds at once).
     fn plan_and_carry_out(&mut self, request: &Request) {
-        let worker = self.worker.clone();
-        let Some(worker) = worker else {
+        // cloned: the borrow of the worker outlives this borrow of self
+        let Some(worker) = self.worker.clone() else {
             return self.carry_out(unplanned(request, self.trust_client_headers), None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();

@@ -100,6 +100,12 @@ impl FakeHost {
             .count()
     }
 
+    /// A stat's value (`adaptive_hedge.<metric>[.<cluster>]`); `None` if it
+    /// was never defined.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        self.state().stats.get(name)
+    }
+
     pub fn logged(&self, needle: &str) -> bool {
         self.state().log.iter().any(|(_, l)| l.contains(needle))
     }
@@ -226,14 +232,6 @@ impl MetricsSink for FakeHost {
 impl Logger for FakeHost {
     fn log(&mut self, level: Level, message: &str) {
         self.state_mut().log.push((level, message.to_string()));
-    }
-}
-
-impl FakeHost {
-    /// A stat's value (`adaptive_hedge.<metric>[.<cluster>]`); `None` if it
-    /// was never defined.
-    pub fn stat(&self, name: &str) -> Option<u64> {
-        self.state().stats.get(name)
     }
 }
 
