@@ -131,6 +131,79 @@ fn each_cluster_learns_its_own_delay() {
     envoy.assert_no_vm_failure();
 }
 
+/// Two named routes to the same cluster and hosts, one ten times slower
+/// (the simulator scales paths under /x10/): each route arms its own delay,
+/// near the p90 its clients saw, where one delay for the cluster would be
+/// the mix's.
+#[test]
+fn each_route_learns_its_own_delay() {
+    let m = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m, lognormal(3.0, 0.7)]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"debug_header": true}"#),
+    )
+    .unwrap();
+    let client = load::client();
+    let (cheap, expensive) = runtime().block_on(async {
+        let c = load::closed_loop(&client, &envoy.url("/"), 2, 1000, Duration::from_secs(5)).await;
+        let e =
+            load::closed_loop(&client, &envoy.url("/x10/"), 8, 400, Duration::from_secs(5)).await;
+        (c, e)
+    });
+    assert_eq!(cheap.ok(), 1000, "{}", cheap.summary());
+    assert_eq!(expensive.ok(), 400, "{}", expensive.summary());
+    let route =
+        |name: &str| filter_stat_name("route_hedge_delay_us", &format!("backend.route.{name}"));
+    let stats = envoy.wait_for_stats("both routes learned", |s| {
+        ["default", "expensive"]
+            .iter()
+            .all(|r| s.get(&route(r)).is_some_and(|us| *us > 0))
+    });
+    let ms = |name: &str| stats.get(&route(name)).copied().unwrap_or(0) as f64 / 1000.0;
+    let (d_cheap, d_expensive) = (ms("default"), ms("expensive"));
+    assert!(
+        d_expensive >= 4.0 * d_cheap,
+        "route delays {d_cheap} ms and {d_expensive} ms are not 4x apart; clients saw {} / {}",
+        cheap.summary(),
+        expensive.summary()
+    );
+    for (name, delay, run) in [
+        ("default", d_cheap, &cheap),
+        ("expensive", d_expensive, &expensive),
+    ] {
+        let p90 = run.ms(0.9);
+        assert!(
+            delay >= 0.6 * p90 && delay <= 1.4 * p90 + 1.0,
+            "{name}: learned {delay} ms, clients saw p90 {p90} ms ({})",
+            run.summary()
+        );
+    }
+    // and the requests are armed with them: the cheap route's per-try
+    // timeout is well below the cluster's (the mix's) delay
+    let cluster_ms = common::learned_delay_ms(&envoy, "backend");
+    runtime().block_on(async {
+        for (path, route_ms) in [("/", d_cheap), ("/x10/", d_expensive)] {
+            let mut connection = load::Connection::open(envoy.listener_port).await.unwrap();
+            let reply = connection.get(path, &[]).await.unwrap();
+            let armed: f64 = common::decision(&reply)
+                .split("delay_ms=")
+                .nth(1)
+                .and_then(|rest| rest.split(';').next())
+                .and_then(|ms| ms.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{path} not armed: {reply:?}"));
+            assert!(
+                (armed - route_ms).abs() <= 0.3 * route_ms + 2.0,
+                "{path}: armed with {armed} ms, its route learned {route_ms} ms (cluster {cluster_ms} ms)"
+            );
+        }
+    });
+    assert!(
+        d_cheap < 0.5 * cluster_ms,
+        "cheap route {d_cheap} ms vs cluster {cluster_ms} ms"
+    );
+    envoy.assert_no_vm_failure();
+}
+
 /// An outage: every request is slower than the delay (pinned by max_delay)
 /// for the whole run. Extra upstream attempts stay within the budget + 1 point.
 #[test]

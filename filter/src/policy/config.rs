@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::{format_duration, parse_duration};
+use super::shared_state::MAX_ROUTES;
 use super::window::SLICES;
 use crate::headers::FIRST_BYTE_MARKER;
 
@@ -331,6 +332,9 @@ settings! {
             vec!["GET".into(), "HEAD".into(), "OPTIONS".into()], methods_rule;
         /// `x-envoy-retry-on` of armed requests.
         retry_on: Arc<str> = "5xx".into(), retry_on_rule;
+        /// Named routes of the cluster that learn a delay of their own (0: one delay for the whole cluster).
+        max_routes: usize = 8,
+            |n| within(n, 0, MAX_ROUTES, " routes per cluster");
     }
     global {
         /// Length of the rolling latency window.
@@ -346,6 +350,13 @@ settings! {
         max_clusters: usize = 1000, |n| within(n, 1, 100_000, "");
         /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
         debug_header: bool = false, Ok;
+    }
+}
+
+impl Config {
+    /// Whether any cluster learns per route (else the route's name is never read).
+    pub fn learns_routes(&self) -> bool {
+        self.defaults.max_routes > 0 || self.clusters.values().any(|p| p.max_routes > 0)
     }
 }
 

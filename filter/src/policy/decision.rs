@@ -56,6 +56,10 @@ impl Request<'_> {
 /// A cluster handle the HTTP context keeps between callbacks.
 pub type ClusterId = usize;
 
+/// A named route of a cluster (an index into its routes), for the routes
+/// that learn their own delay.
+pub type RouteId = usize;
+
 /// The routed cluster as the worker knows it when the request arrives.
 #[derive(Clone, Copy, Debug)]
 pub enum Cluster<'a> {
@@ -69,8 +73,11 @@ pub enum Cluster<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterView<'a> {
     pub id: ClusterId,
+    /// The request's route, if it learns its own delay.
+    pub route: Option<RouteId>,
     pub policy: &'a ClusterPolicy,
-    /// Cached on the tick; `None` while warming up.
+    /// Cached on the tick (the route's once it has learned one, else the
+    /// cluster's); `None` while warming up.
     pub delay: Option<HedgeDelay>,
     pub budget: &'a LocalBudget,
     /// It is this request's turn to be a latency sample, if it belongs to
@@ -86,6 +93,8 @@ pub struct Plan {
     pub strip: Strip,
     /// The tracked cluster the request counts for.
     pub cluster: Option<ClusterId>,
+    /// Its route, if the route learns its own delay (the sample goes there too).
+    pub route: Option<RouteId>,
     /// The budget's tick its hedges are armed in (see `budget`).
     pub cohort: u64,
     /// Time the response: a latency sample for the cluster's window.
@@ -278,6 +287,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         Cluster::None | Cluster::Untracked => None,
     };
     let id = tracked.map(|view| view.id);
+    let route = tracked.and_then(|view| view.route);
     if config.trust_client_headers && request.client_controls {
         // The operator trusts clients and this one chose for itself: its
         // headers stay, and its latency (shaped by its own retries) is not
@@ -286,6 +296,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             decision: Decision::Skip(Skip::ClientControlled),
             strip: Strip::default(),
             cluster: id,
+            route,
             cohort: 0,
             sample: false,
         };
@@ -308,6 +319,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         decision,
         strip,
         cluster: id,
+        route,
         cohort: tracked.map_or(0, |view| view.budget.cohort()),
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
@@ -341,6 +353,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
             Strip::client_sent(request)
         },
         cluster: None,
+        route: None,
         cohort: 0,
         sample: false,
     }
@@ -408,6 +421,7 @@ mod tests {
         budget: &LocalBudget,
     ) -> Plan {
         let view = ClusterView {
+            route: None,
             id: 3,
             policy,
             delay,
@@ -594,6 +608,7 @@ mod tests {
         assert_eq!(p.decision.describe(), "skipped; reason=warming_up");
         assert!(p.sample);
         let view = ClusterView {
+            route: None,
             id: 0,
             policy: &policy,
             delay: DELAY,

@@ -6,7 +6,7 @@
 //! glue sets what the plan says, `on_response` records the latency, `settle`
 //! returns unsent hedges to the `budget`; on the tick, `Worker::sync` merges
 //! into the `shared_state` window and refreshes each cluster's
-//! `hedge_delay`.
+//! `hedge_delay` (and each named route's: `routes`).
 //!
 //! Streaming upstreams: `hold` is the upstream role's rule (which attempt's
 //! response headers wait for its first body byte).
@@ -17,6 +17,7 @@ pub mod decision;
 pub mod duration;
 pub mod hedge_delay;
 pub mod hold;
+pub mod routes;
 pub mod shared_state;
 pub mod sketch;
 pub mod window;

@@ -2,8 +2,8 @@
 //!
 //! Two kinds of keys (same `vm_id` = same shared data):
 //! - `adaptive_hedge/v1/cluster/<name>`: the cluster's [`SharedCluster`]:
-//!   its latency window, its long horizon, its budget pool and two lifetime
-//!   counters;
+//!   its latency window, its long horizon, its budget pool, two lifetime
+//!   counters and the windows of its named routes (at most `max_routes`);
 //! - `adaptive_hedge/v1/clusters`: the registry of tracked cluster names,
 //!   which bounds how many cluster keys exist at all.
 //!
@@ -22,11 +22,16 @@ pub const REGISTRY_KEY: &str = "adaptive_hedge/v1/clusters";
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
 const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
-/// 2: the long horizon. A value of version 1 (an older filter) is reset
-/// once, like any value that does not decode.
-pub const ENCODING_VERSION: u8 = 2;
+/// 2: the long horizon; 3: the routes. A value of an older version (an
+/// older filter) is reset once, like any value that does not decode.
+pub const ENCODING_VERSION: u8 = 3;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
+/// Longer route names do not learn a delay of their own (Envoy Gateway's
+/// are about 80 bytes).
+pub const MAX_ROUTE_NAME: usize = 255;
+/// Routes one cluster value holds at most (the config allows up to 64).
+pub const MAX_ROUTES: usize = 64;
 
 pub fn cluster_key(name: &str) -> String {
     format!("{CLUSTER_KEY_PREFIX}{name}")
@@ -71,6 +76,34 @@ pub struct SharedCluster {
     pub requests_total: u64,
     /// Extra upstream attempts sent by all workers (lifetime).
     pub hedges_sent_total: u64,
+    /// Named routes of the cluster that learn their own delay, in the order
+    /// workers registered them.
+    pub routes: Vec<SharedRoute>,
+}
+
+/// One named route's latency, learned apart from the rest of its cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedRoute {
+    pub name: String,
+    pub window: ClusterWindow,
+    pub long: LongHorizon,
+}
+
+impl SharedRoute {
+    pub fn new(name: String, geometry: WindowGeometry) -> Self {
+        SharedRoute {
+            name,
+            window: ClusterWindow::new(geometry),
+            long: LongHorizon::default(),
+        }
+    }
+
+    /// Whether the route has not been heard from for long: nothing in its
+    /// window and less than one sample's weight left in its long horizon
+    /// (its slot is then given up for another route).
+    pub fn forgotten(&self, now_ms: u64) -> bool {
+        self.window.snapshot(now_ms).is_empty() && self.long.sketch.count() == 0
+    }
 }
 
 impl SharedCluster {
@@ -81,18 +114,27 @@ impl SharedCluster {
             pool: 0,
             requests_total: 0,
             hedges_sent_total: 0,
+            routes: Vec::new(),
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let buckets: usize = self
-            .window
-            .slices
-            .iter()
-            .map(|s| s.sketch.counts().len())
-            .sum::<usize>()
-            + self.long.sketch.counts().len();
-        let mut out = Vec::with_capacity(4 + 8 * 4 + 1 + SLICES * 12 + buckets * 4);
+        let buckets = |window: &ClusterWindow, long: &LongHorizon| {
+            window
+                .slices
+                .iter()
+                .map(|s| s.sketch.counts().len())
+                .sum::<usize>()
+                + long.sketch.counts().len()
+        };
+        let size = buckets(&self.window, &self.long) * 4
+            + SLICES * 12
+            + self
+                .routes
+                .iter()
+                .map(|r| 2 + r.name.len() + SLICES * 12 + buckets(&r.window, &r.long) * 4)
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(4 + 8 * 4 + 2 + size);
         out.extend_from_slice(CLUSTER_MAGIC);
         out.push(ENCODING_VERSION);
         out.extend_from_slice(&self.window.geometry.slice_ms.to_le_bytes());
@@ -100,12 +142,20 @@ impl SharedCluster {
         out.extend_from_slice(&self.requests_total.to_le_bytes());
         out.extend_from_slice(&self.hedges_sent_total.to_le_bytes());
         out.push(SLICES as u8);
-        for slice in &self.window.slices {
-            out.extend_from_slice(&slice.epoch.to_le_bytes());
-            encode_sketch(&slice.sketch, &mut out);
+        encode_latencies(&self.window, &self.long, &mut out);
+        // routes beyond MAX_ROUTES or with longer names are never added
+        let routes: Vec<&SharedRoute> = self
+            .routes
+            .iter()
+            .filter(|r| r.name.len() <= MAX_ROUTE_NAME)
+            .take(MAX_ROUTES)
+            .collect();
+        out.push(routes.len() as u8);
+        for route in routes {
+            out.push(route.name.len() as u8);
+            out.extend_from_slice(route.name.as_bytes());
+            encode_latencies(&route.window, &route.long, &mut out);
         }
-        out.extend_from_slice(&self.long.period.to_le_bytes());
-        encode_sketch(&self.long.sketch, &mut out);
         out
     }
 
@@ -122,18 +172,20 @@ impl SharedCluster {
         if usize::from(r.u8()?) != SLICES {
             return Err(DecodeError::GeometryChanged);
         }
-        let mut window = ClusterWindow::new(geometry);
-        for slot in window.slices.iter_mut() {
-            let epoch = r.u64()?;
-            *slot = Slice {
-                epoch,
-                sketch: r.sketch()?,
-            };
+        let (window, long) = r.latencies(geometry)?;
+        let count = usize::from(r.u8()?);
+        if count > MAX_ROUTES {
+            return Err(DecodeError::Corrupt("too many routes"));
         }
-        let long = LongHorizon {
-            period: r.u64()?,
-            sketch: r.sketch()?,
-        };
+        let mut routes = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = usize::from(r.u8()?);
+            let name = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| DecodeError::Corrupt("route name is not UTF-8"))?
+                .to_string();
+            let (window, long) = r.latencies(geometry)?;
+            routes.push(SharedRoute { name, window, long });
+        }
         if !r.bytes.is_empty() {
             return Err(DecodeError::Corrupt("trailing bytes"));
         }
@@ -143,8 +195,19 @@ impl SharedCluster {
             pool,
             requests_total,
             hedges_sent_total,
+            routes,
         })
     }
+}
+
+/// A window's slices (epoch, sketch) and a long horizon (period, sketch).
+fn encode_latencies(window: &ClusterWindow, long: &LongHorizon, out: &mut Vec<u8>) {
+    for slice in &window.slices {
+        out.extend_from_slice(&slice.epoch.to_le_bytes());
+        encode_sketch(&slice.sketch, out);
+    }
+    out.extend_from_slice(&long.period.to_le_bytes());
+    encode_sketch(&long.sketch, out);
 }
 
 /// The set of cluster names that have a shared key.
@@ -257,6 +320,26 @@ impl<'a> Reader<'a> {
             .ok_or(DecodeError::Corrupt("sketch buckets out of range"))
     }
 
+    /// What `encode_latencies` wrote.
+    fn latencies(
+        &mut self,
+        geometry: WindowGeometry,
+    ) -> Result<(ClusterWindow, LongHorizon), DecodeError> {
+        let mut window = ClusterWindow::new(geometry);
+        for slot in window.slices.iter_mut() {
+            let epoch = self.u64()?;
+            *slot = Slice {
+                epoch,
+                sketch: self.sketch()?,
+            };
+        }
+        let long = LongHorizon {
+            period: self.u64()?,
+            sketch: self.sketch()?,
+        };
+        Ok((window, long))
+    }
+
     fn header(&mut self, magic: &[u8; 3]) -> Result<(), DecodeError> {
         if self.take(3)? != magic {
             return Err(DecodeError::BadMagic);
@@ -349,6 +432,11 @@ mod tests {
         c.pool = 3_500_000;
         c.requests_total = 1234;
         c.hedges_sent_total = 56;
+        let mut route = SharedRoute::new("search".into(), g);
+        route.window.merge(1_006_000, &s);
+        route.long.merge(1_006_000, &s);
+        c.routes.push(route);
+        c.routes.push(SharedRoute::new("empty".into(), g));
         c
     }
 

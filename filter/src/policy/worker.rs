@@ -13,10 +13,11 @@ use std::sync::Arc;
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config};
 use super::decision::{
-    self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request,
+    self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request, RouteId,
     Settlement, Skip,
 };
 use super::hedge_delay::{budget_terms, hedge_delay, trigger_quantile, HedgeDelay};
+use super::routes::Routes;
 use super::shared_state::{
     cluster_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY,
     MAX_CLUSTER_NAME, REGISTRY_KEY,
@@ -112,6 +113,8 @@ pub struct ClusterState {
     reset_logged: bool,
     /// Size of the cluster's shared value at the last sync.
     shared_bytes: usize,
+    /// Named routes that learn their own delay (`max_routes`).
+    routes: Routes,
 }
 
 impl ClusterState {
@@ -134,6 +137,7 @@ impl ClusterState {
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
+            routes: Routes::default(),
         }
     }
 
@@ -147,11 +151,20 @@ impl ClusterState {
         self.window_samples
     }
 
-    fn view(&self, id: ClusterId) -> ClusterView<'_> {
+    /// The delay a request of `route` is armed with: the route's own once
+    /// it has learned one, else the cluster's.
+    pub fn route_delay(&self, route: Option<RouteId>) -> Option<HedgeDelay> {
+        route
+            .and_then(|r| self.routes.delay(r))
+            .or(self.hedge_delay)
+    }
+
+    fn view(&self, id: ClusterId, route: Option<RouteId>) -> ClusterView<'_> {
         ClusterView {
             id,
+            route,
             policy: &self.policy,
-            delay: self.hedge_delay,
+            delay: self.route_delay(route),
             budget: &self.budget,
             sample_turn: self.samples_this_tick < SAMPLES_PER_TICK
                 && self.population_this_tick % self.stride == 0,
@@ -218,11 +231,17 @@ impl Worker {
         self.clusters.get(id)
     }
 
-    /// The plan for a request routed to `cluster` (`xds.cluster_name`),
-    /// booked: counters, the budget it earns and the hedges it reserves, its
-    /// sample slot. The caller carries it out, and calls `settle` with its
-    /// `settlement` when the request ends (or at once if arming failed).
-    pub fn plan(&mut self, cluster: Option<&[u8]>, request: &Request) -> Plan {
+    /// The plan for a request routed to `cluster` (`xds.cluster_name`) by
+    /// `route` (`xds.route_name`), booked: counters, the budget it earns and
+    /// the hedges it reserves, its sample slot. The caller carries it out,
+    /// and calls `settle` with its `settlement` when the request ends (or at
+    /// once if arming failed).
+    pub fn plan(
+        &mut self,
+        cluster: Option<&[u8]>,
+        route: Option<&[u8]>,
+        request: &Request,
+    ) -> Plan {
         let Some(name) = cluster.filter(|name| !name.is_empty()) else {
             return decision::plan(request, &self.config, Cluster::None);
         };
@@ -238,7 +257,15 @@ impl Worker {
         state.requests_unsynced += 1;
         state.requests_this_tick += 1;
         state.budget.earn();
-        let plan = decision::plan(request, &self.config, Cluster::Tracked(state.view(id)));
+        let max_routes = state.policy.max_routes;
+        let route = route
+            .filter(|_| max_routes > 0)
+            .and_then(|r| state.routes.lookup(r, max_routes));
+        let plan = decision::plan(
+            request,
+            &self.config,
+            Cluster::Tracked(state.view(id, route)),
+        );
         state.book(&plan, request, self.tick_us);
         plan
     }
@@ -267,9 +294,12 @@ impl Worker {
     /// An upstream response arrived `latency_us` after the request started:
     /// min(primary, delay + hedge) when hedged, which keeps the trigger at the
     /// true quantile instead of drifting down with the filter's own hedging.
-    pub fn on_response(&mut self, id: ClusterId, latency_us: u64) {
+    pub fn on_response(&mut self, id: ClusterId, route: Option<RouteId>, latency_us: u64) {
         if let Some(state) = self.clusters.get_mut(id) {
             state.samples.add(latency_us as f64);
+            if let Some(route) = route {
+                state.routes.add_sample(route, latency_us as f64);
+            }
         }
     }
 
@@ -426,6 +456,12 @@ impl Worker {
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
                 shared.long.merge(now_ms, &state.samples);
+                state.routes.merge_into(
+                    &mut shared.routes,
+                    now_ms,
+                    state.policy.max_routes,
+                    geometry,
+                );
                 shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
                 shared.hedges_sent_total =
                     shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
@@ -456,6 +492,12 @@ impl Worker {
         state.timer.tick(1.0 - trigger_quantile(&state.policy));
         state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent)
             .map(|d| state.timer.apply(d, &state.policy));
+        let (timer, policy) = (&state.timer, &state.policy);
+        state
+            .routes
+            .refresh(&shared.value.routes, now_ms, policy, RECENT_SLICES, |d| {
+                timer.apply(d, policy)
+            });
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,
@@ -507,6 +549,7 @@ impl Worker {
                 ClusterMetric::WindowSamples => Some(samples),
                 _ => None,
             });
+            state.routes.flush_metrics(sink, &state.name);
         }
     }
 }
@@ -681,8 +724,8 @@ mod tests {
     fn traffic(w: &mut Worker, cluster: &str, n: u64, us: u64) -> Vec<Decision> {
         (0..n)
             .map(|_| {
-                let plan = w.plan(Some(cluster.as_bytes()), &GET);
-                w.on_response(plan.cluster.unwrap(), us);
+                let plan = w.plan(Some(cluster.as_bytes()), None, &GET);
+                w.on_response(plan.cluster.unwrap(), plan.route, us);
                 if let Some(s) = plan.settlement() {
                     w.settle(s, Some(1), None);
                 }
@@ -692,7 +735,8 @@ mod tests {
     }
 
     fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
-        w.plan(Some(cluster), &Request { method, ..GET }).decision
+        w.plan(Some(cluster), None, &Request { method, ..GET })
+            .decision
     }
 
     #[test]
@@ -961,11 +1005,11 @@ mod tests {
         traffic(&mut w, "c", 200, 5000);
         w.sync(T0, &store, &mut log);
         // armed and hedged
-        let plan = w.plan(Some(b"c"), &GET);
+        let plan = w.plan(Some(b"c"), None, &GET);
         assert!(matches!(plan.decision, Decision::Arm(_)));
         w.settle(plan.settlement().unwrap(), Some(2), None);
         // armed, and ended before its hedge
-        let plan = w.plan(Some(b"c"), &GET);
+        let plan = w.plan(Some(b"c"), None, &GET);
         w.settle(plan.settlement().unwrap(), Some(1), None);
         // not idempotent
         assert_eq!(
@@ -993,7 +1037,7 @@ mod tests {
     fn samples_are_spread_over_the_tick_and_capped() {
         let store = MemoryStore::default();
         let mut w = Worker::new(config(""));
-        let sampled = |w: &mut Worker, cluster: &[u8]| w.plan(Some(cluster), &GET).sample;
+        let sampled = |w: &mut Worker, cluster: &[u8]| w.plan(Some(cluster), None, &GET).sample;
         // a first tick knows no rate: the first SAMPLES_PER_TICK
         let taken = (0..1000).filter(|_| sampled(&mut w, b"a")).count();
         assert_eq!(taken, SAMPLES_PER_TICK as usize);
@@ -1010,13 +1054,16 @@ mod tests {
             ..GET
         };
         w.sync(T0 + 400, &store, &mut Lines::default());
-        assert!(!w.plan(Some(b"b"), &post).sample);
+        assert!(!w.plan(Some(b"b"), None, &post).sample);
     }
 
     #[test]
     fn requests_without_a_cluster_are_not_armed() {
         let mut w = Worker::new(config(""));
-        assert_eq!(w.plan(None, &GET).decision, Decision::Skip(Skip::NoCluster));
+        assert_eq!(
+            w.plan(None, None, &GET).decision,
+            Decision::Skip(Skip::NoCluster)
+        );
         assert_eq!(
             decision(&mut w, b"", b"GET"),
             Decision::Skip(Skip::NoCluster)
@@ -1036,7 +1083,7 @@ mod tests {
             client_controls: true,
             ..GET
         };
-        let plan = w.plan(Some(b"c"), &own);
+        let plan = w.plan(Some(b"c"), None, &own);
         assert_eq!(plan.decision, Decision::Skip(Skip::ClientControlled));
         assert_eq!(plan.settlement(), None);
         let mut stats = Stats::default();
@@ -1083,6 +1130,7 @@ mod tests {
     #[test]
     fn readme_documents_every_metric() {
         use crate::policy::hold::HoldMetric;
+        use crate::policy::routes::RouteMetric;
         use crate::telemetry::Metric;
         let readme = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
@@ -1092,7 +1140,8 @@ mod tests {
             .iter()
             .map(|m| m.name())
             .chain(WorkerMetric::ALL.iter().map(|m| m.name()))
-            .chain(HoldMetric::ALL.iter().map(|m| m.name()));
+            .chain(HoldMetric::ALL.iter().map(|m| m.name()))
+            .chain(RouteMetric::ALL.iter().map(|m| m.name()));
         for name in names {
             assert!(readme.contains(&format!("`{name}`")), "README lacks {name}");
         }
@@ -1122,7 +1171,7 @@ mod tests {
         let mut now = T0;
         let mut round = |w: &mut Worker, early_every: u64| {
             for i in 0..40u64 {
-                let plan = w.plan(Some(b"c"), &GET);
+                let plan = w.plan(Some(b"c"), None, &GET);
                 let sent = if early_every > 0 && i % early_every == 0 {
                     2
                 } else {

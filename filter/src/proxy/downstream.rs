@@ -13,11 +13,12 @@ use crate::header_pairs::scan;
 use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{
-    unplanned, Arming, ClusterId, Decision, Plan, Request, Settlement, Strip,
+    unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Strip,
 };
 use crate::policy::worker::Worker;
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
+const ROUTE_NAME: &[u8] = b"xds\0route_name";
 const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
 const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
 /// `response.code_details` of a response that came from an upstream (not a
@@ -32,24 +33,32 @@ pub struct DownstreamRequest<H: Host> {
     debug_header: bool,
     /// For a request no worker can plan.
     trust_client_headers: bool,
+    /// Some cluster learns per route: read the route's name.
+    learns_routes: bool,
     /// Kept only for the debug header.
     decision: Option<Decision>,
-    /// The cluster a latency sample goes to, and when the request started.
-    sample: Option<(ClusterId, u64)>,
+    /// The cluster (and route) a latency sample goes to, and when the
+    /// request started.
+    sample: Option<(ClusterId, Option<RouteId>, u64)>,
     /// Hedges paid for when armed; settled when the stream ends.
     settlement: Option<Settlement>,
 }
 
 impl<H: Host> DownstreamRequest<H> {
     pub fn new(host: H, worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
-        let (signal, debug_header, trust_client_headers) = worker
+        let (signal, debug_header, trust_client_headers, learns_routes) = worker
             .as_ref()
             .and_then(|w| {
                 let c = w.try_borrow().ok()?;
                 let c = c.config();
-                Some((c.latency_signal, c.debug_header, c.trust_client_headers))
+                Some((
+                    c.latency_signal,
+                    c.debug_header,
+                    c.trust_client_headers,
+                    c.learns_routes(),
+                ))
             })
-            .unwrap_or((LatencySignal::Headers, false, false));
+            .unwrap_or((LatencySignal::Headers, false, false, false));
         DownstreamRequest {
             host,
             worker,
@@ -57,6 +66,7 @@ impl<H: Host> DownstreamRequest<H> {
             signal,
             debug_header,
             trust_client_headers,
+            learns_routes,
             decision: None,
             sample: None,
             settlement: None,
@@ -71,11 +81,16 @@ impl<H: Host> DownstreamRequest<H> {
             return self.carry_out(unplanned(request, self.trust_client_headers), None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
+        // a failed read is an unnamed route: the cluster's delay
+        let route = match (&cluster, self.learns_routes) {
+            (Some(_), true) => self.host.property(ROUTE_NAME).ok().flatten(),
+            _ => None,
+        };
         #[cfg(feature = "fault-injection")]
         super::fault_injection::inject(&self.host, cluster.as_deref());
         match worker.try_borrow_mut() {
             Ok(mut worker) => {
-                let plan = worker.plan(cluster.as_deref(), request);
+                let plan = worker.plan(cluster.as_deref(), route.as_deref(), request);
                 self.carry_out(plan, Some(&mut worker));
             }
             Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None),
@@ -87,7 +102,7 @@ impl<H: Host> DownstreamRequest<H> {
             // A sample costs three host calls (two clocks, the response's
             // origin); the clock is read first, before any other work.
             if let Ok(now) = self.host.now_ns() {
-                self.sample = Some((cluster, now));
+                self.sample = Some((cluster, plan.route, now));
             }
         }
         self.strip(plan.strip);
@@ -144,7 +159,7 @@ impl<H: Host> DownstreamRequest<H> {
 
     /// Records the latency of an upstream response, once; returns it.
     fn record_sample(&mut self) -> Option<u64> {
-        let (cluster, started_ns) = self.sample.take()?;
+        let (cluster, route, started_ns) = self.sample.take()?;
         // Local replies (no healthy host, connect failure, timeouts) are not
         // the upstream's latency.
         let origin = self.host.property(RESPONSE_CODE_DETAILS).ok().flatten();
@@ -154,7 +169,7 @@ impl<H: Host> DownstreamRequest<H> {
         let now = self.host.now_ns().ok()?;
         let latency_us = now.saturating_sub(started_ns) / 1000;
         let mut worker = self.worker.as_ref()?.try_borrow_mut().ok()?;
-        worker.on_response(cluster, latency_us);
+        worker.on_response(cluster, route, latency_us);
         Some(latency_us)
     }
 }
@@ -228,7 +243,22 @@ mod tests {
         latency_ms: u64,
         attempts: i64,
     ) -> DownstreamRequest<FakeHost> {
+        exchange_on(host, plugin, None, headers, latency_ms, attempts)
+    }
+
+    /// As `exchange`, routed by the route named `route`.
+    fn exchange_on(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        route: Option<&str>,
+        headers: &[(&str, &str)],
+        latency_ms: u64,
+        attempts: i64,
+    ) -> DownstreamRequest<FakeHost> {
         host.request(Some("backend"), headers);
+        if let Some(route) = route {
+            host.set_property(ROUTE_NAME, route.as_bytes());
+        }
         let mut r = request(plugin);
         assert_eq!(r.on_request_headers(), Action::Continue);
         host.advance_ms(latency_ms);
@@ -321,7 +351,11 @@ mod tests {
         host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
         host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
         r.on_response_headers(false);
-        assert_eq!(host.calls_to("property"), 3, "cluster, attempts, origin");
+        assert_eq!(
+            host.calls_to("property"),
+            4,
+            "cluster, route, attempts, origin"
+        );
         plugin.on_tick();
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         // the stream ends later: nothing is settled twice
@@ -394,14 +428,56 @@ mod tests {
     }
 
     #[test]
+    fn a_named_route_learns_its_own_delay_and_arms_with_it() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 50}"#);
+        for _ in 0..100 {
+            exchange_on(&host, &plugin, Some("lookup"), GET, 2, 1);
+            exchange_on(&host, &plugin, Some("search"), GET, 40, 1);
+        }
+        plugin.on_tick(); // registers the cluster
+        plugin.on_tick(); // merges the samples: armed from here
+                          // the per-try timeout in ms (the sketch's 1% may round 2 ms up to 3)
+        let armed_with = |route: Option<&str>| {
+            exchange_on(&host, &plugin, route, GET, 1, 1);
+            host.request_header_text(PER_TRY_TIMEOUT)
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        assert!((2..=3).contains(&armed_with(Some("lookup"))));
+        assert!((40..=41).contains(&armed_with(Some("search"))));
+        // unnamed, or a route not seen before the tick: the cluster's (the
+        // mix's p92 is the slow route's)
+        assert!((40..=41).contains(&armed_with(None)));
+        assert!((40..=41).contains(&armed_with(Some("new"))));
+        plugin.on_tick();
+        let gauge = |route: &str| {
+            host.stat(&format!(
+                "adaptive_hedge.route_hedge_delay_us.backend.route.{route}"
+            ))
+        };
+        assert!(gauge("lookup").is_some_and(|us| (1_950..2_050).contains(&us)));
+        assert!(gauge("search").is_some_and(|us| (39_500..40_500).contains(&us)));
+        assert_eq!(gauge("new"), Some(0), "too few samples: the cluster's");
+    }
+
+    #[test]
+    fn without_route_learning_the_route_is_never_read() {
+        let (host, plugin) = warmed(r#"{"max_routes": 0}"#);
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("property"), 1, "{:?}", host.state().calls);
+    }
+
+    #[test]
     fn nothing_to_remove_costs_no_host_call() {
         let (host, plugin) = warmed("{}");
         host.request(Some("backend"), &[(":method", "POST")]);
         request(&plugin).on_request_headers();
         assert_eq!(host.calls_to("remove_request_header"), 0);
         assert_eq!(host.calls_to("set_request_header"), 0);
-        // the headers and the cluster; a POST is not timed (not a sample)
-        assert_eq!(host.state().calls.len(), 2, "{:?}", host.state().calls);
+        // the headers, the cluster and the route; a POST is not timed (not
+        // a sample)
+        assert_eq!(host.state().calls.len(), 3, "{:?}", host.state().calls);
         // a GET's turn to be a sample costs a clock read
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();

@@ -559,6 +559,37 @@ fn aims_section(results: &[ScenarioOutcomes], quick: bool) -> String {
 /// The policy at zero config on generated workloads, each against the
 /// frontier of fixed delays chosen in hindsight (virtual time). Quick: 24
 /// workloads at a quarter of their length; `BENCH_WORKLOADS` sets how many.
+/// The ratios by category (median and worst), and for workloads with
+/// several endpoints the ratio of the mix's p99 too.
+fn category_table(judged: &[workloads::Judged]) -> String {
+    let mut md = String::from("| category | workloads | p99 ratio median | worst | p999 ratio median | worst |\n|---|---|---|---|---|---|\n");
+    for category in workloads::CATEGORIES {
+        let of: Vec<&workloads::Judged> = judged
+            .iter()
+            .filter(|j| j.workload.category == category)
+            .collect();
+        let (p99_med, _, p99_max) =
+            workloads::spread(&of.iter().map(|j| j.p99_ratio()).collect::<Vec<_>>());
+        let (p999_med, _, p999_max) =
+            workloads::spread(&of.iter().map(|j| j.p999_ratio()).collect::<Vec<_>>());
+        md.push_str(&format!(
+            "| {category} | {} | {p99_med:.2} | {p99_max:.2} | {p999_med:.2} | {p999_max:.2} |\n",
+            of.len()
+        ));
+    }
+    let mixed: Vec<f64> = judged
+        .iter()
+        .filter(|j| j.workload.endpoints.len() > 1)
+        .map(|j| j.mix_p99.0 / j.mix_p99.1)
+        .collect();
+    let (med, p90, max) = workloads::spread(&mixed);
+    md.push_str(&format!(
+        "\nWith several endpoints ({} workloads) the ratios above judge the geometric mean of the endpoints' p99 (p999): each endpoint has its users. Judged on the mix's p99 instead (which is the slowest endpoint's alone), the policy's ratio is median {med:.2}, p90 {p90:.2}, worst {max:.2}: per-route delays spend hedges on every endpoint's stragglers, not only on the slowest endpoint's (`max_routes: 0` for one delay per cluster).\n\n",
+        mixed.len()
+    ));
+    md
+}
+
 fn workloads_section(s: &Settings) -> (String, Value) {
     let count: usize = std::env::var("BENCH_WORKLOADS")
         .ok()
@@ -624,6 +655,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         load_max * 100.0,
         over(&loads, 0.10),
     );
+    md.push_str(&category_table(&judged));
     md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load | refused |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for j in &judged {
         md.push_str(&format!(

@@ -460,6 +460,17 @@ enum Fault {
     ResetMidBody,
 }
 
+/// An expensive endpoint on the same hosts: a path under `/x<N>/` (N from 2
+/// to 1000) takes N times the model's latency (`envoy-configs/envoy.yaml`
+/// routes `/x10/` by a route of its own).
+pub fn path_scale(path: &str) -> f64 {
+    path.strip_prefix("/x")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|n| (2..=1000).contains(n))
+        .map_or(1.0, f64::from)
+}
+
 fn header_ms(req: &Request<Incoming>, name: &str) -> Option<u64> {
     req.headers().get(name)?.to_str().ok()?.trim().parse().ok()
 }
@@ -504,7 +515,8 @@ async fn handle(
         (_, _, Some(ms)) => (Duration::from_millis(ms), false),
         _ => {
             let model = host.model.lock().unwrap().clone();
-            model.sample_kind(&mut rand::thread_rng())
+            let (delay, straggler) = model.sample_kind(&mut rand::thread_rng());
+            (delay.mul_f64(path_scale(req.uri().path())), straggler)
         }
     };
     // Envoy tells the upstream its timeout: with a per-try timeout armed, that
@@ -724,6 +736,15 @@ fn control(req: &Request<Incoming>, shared: &Shared) -> Response<Body> {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn an_x_prefix_scales_the_latency() {
+        assert_eq!(path_scale("/x10/item"), 10.0);
+        assert_eq!(path_scale("/x10"), 10.0);
+        for plain in ["/", "/b/x10/", "/x1/", "/x/", "/xyz/", "/x5000/"] {
+            assert_eq!(path_scale(plain), 1.0, "{plain}");
+        }
+    }
 
     #[test]
     fn streaming_model_has_fast_hits_and_a_fifth_of_slow_misses() {

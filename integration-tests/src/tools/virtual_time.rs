@@ -137,6 +137,8 @@ pub struct Outcome {
     pub scenario: String,
     pub policy: String,
     pub latency_us: Histogram<u64>,
+    /// Each endpoint's latency, when the scenario has several.
+    pub per_endpoint: Vec<Histogram<u64>>,
     pub requests: u64,
     pub hedges: u64,
     /// (virtual time s, delay ms) every tick, worker 0 (adaptive only).
@@ -150,6 +152,23 @@ pub struct Outcome {
 impl Outcome {
     pub fn ms(&self, q: f64) -> f64 {
         self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// The tail the evaluation judges: `ms(q)`, or with several endpoints
+    /// the geometric mean of each endpoint's quantile. Why: the mix's p99
+    /// is the slowest endpoint's alone (the fast one's tail is invisible in
+    /// it), while each endpoint has users and an SLO of its own; the
+    /// geometric mean counts a halving of either endpoint's tail the same.
+    pub fn tail_ms(&self, q: f64) -> f64 {
+        if self.per_endpoint.len() < 2 {
+            return self.ms(q);
+        }
+        let logs: f64 = self
+            .per_endpoint
+            .iter()
+            .map(|h| (h.value_at_quantile(q).max(1) as f64 / 1000.0).ln())
+            .sum();
+        (logs / self.per_endpoint.len() as f64).exp()
     }
     pub fn extra_load(&self) -> f64 {
         self.hedges as f64 / self.requests as f64
@@ -173,9 +192,21 @@ const GET: Request = Request {
 enum Event {
     /// (caller) issues its next request.
     Issue(usize),
-    /// A request ends: (caller, worker, cluster to sample for, hedges to settle, attempts, latency µs).
-    Done(usize, usize, Option<usize>, Option<Settlement>, u64, u64),
+    Done(Finished),
     Tick,
+}
+
+/// A request ends.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Finished {
+    caller: usize,
+    worker: usize,
+    endpoint: usize,
+    /// The cluster and route its latency is a sample of.
+    sample: Option<(usize, Option<usize>)>,
+    settlement: Option<Settlement>,
+    attempts: u64,
+    latency_us: u64,
 }
 
 /// How requests arrive.
@@ -236,6 +267,12 @@ pub fn run(
         (Length::Seconds(s), _) => s * 1000.0,
     };
     let shares = scenario.endpoint_shares();
+    // one endpoint is the whole cluster, unnamed
+    let route_names: Vec<String> = if shares.len() > 1 {
+        (0..shares.len()).map(|i| format!("endpoint-{i}")).collect()
+    } else {
+        Vec::new()
+    };
     let share_total: f64 = shares.iter().sum();
     let pick_endpoint = |rng: &mut StdRng| {
         let mut x = rng.gen::<f64>() * share_total;
@@ -268,8 +305,13 @@ pub fn run(
     let mut hedges = 0u64;
     let mut budget_exhausted = 0u64;
     let mut next_host = 0usize;
-    let mut latency_us =
-        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+    let histogram =
+        || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+    let mut latency_us = histogram()?;
+    let mut per_endpoint = Vec::new();
+    for _ in 0..route_names.len() {
+        per_endpoint.push(histogram()?);
+    }
     let mut delay_timeline = Vec::new();
     let mut log = Quiet;
     while let Some(Reverse((t, _, event))) = events.pop() {
@@ -311,9 +353,17 @@ pub fn run(
                     Policy::None => (None, None, None),
                     Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), None, None),
                     Policy::Adaptive { .. } => {
-                        match workers.get_mut(wi).map(|w| w.plan(Some(b"backend"), &GET)) {
+                        // endpoints are the cluster's named routes
+                        let route = route_names.get(endpoint).map(|n| n.as_bytes());
+                        match workers
+                            .get_mut(wi)
+                            .map(|w| w.plan(Some(b"backend"), route, &GET))
+                        {
                             Some(plan) => {
-                                let sample = plan.cluster.filter(|_| plan.sample);
+                                let sample = plan
+                                    .cluster
+                                    .filter(|_| plan.sample)
+                                    .map(|c| (c, plan.route));
                                 match &plan.decision {
                                     Decision::Arm(a) => (
                                         Some(a.per_try_timeout_ms as f64 * 1000.0),
@@ -353,17 +403,36 @@ pub fn run(
                 push(
                     &mut events,
                     t + elapsed,
-                    Event::Done(caller, wi, sample, settlement, attempts, elapsed),
+                    Event::Done(Finished {
+                        caller,
+                        worker: wi,
+                        endpoint,
+                        sample,
+                        settlement,
+                        attempts,
+                        latency_us: elapsed,
+                    }),
                 );
             }
-            Event::Done(caller, wi, sample, settlement, attempts, elapsed) => {
+            Event::Done(Finished {
+                caller,
+                worker: wi,
+                endpoint,
+                sample,
+                settlement,
+                attempts,
+                latency_us: elapsed,
+            }) => {
                 done += 1;
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
+                if let Some(h) = per_endpoint.get_mut(endpoint) {
+                    let _ = h.record(elapsed);
+                }
                 if let Some(w) = workers.get_mut(wi) {
                     // as the filter: a latency sample when the plan said so
-                    if let Some(cluster) = sample {
-                        w.on_response(cluster, elapsed);
+                    if let Some((cluster, route)) = sample {
+                        w.on_response(cluster, route, elapsed);
                     }
                     if let Some(settlement) = settlement {
                         w.settle(settlement, Some(attempts), Some(elapsed));
@@ -386,6 +455,7 @@ pub fn run(
         scenario: scenario.name(),
         policy: policy.name(),
         latency_us,
+        per_endpoint,
         requests: done,
         hedges,
         delay_timeline,

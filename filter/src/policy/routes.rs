@@ -1,0 +1,251 @@
+//! The named routes of one cluster that learn a delay of their own.
+//!
+//! Why: one cluster often serves endpoints of very different latency (a
+//! cheap lookup and an expensive search behind the same service). The
+//! cluster's quantile is then set by the mix: the cheap endpoint is hedged
+//! late (its stragglers sit below the mixed p92) and the expensive one early
+//! and often (most of its requests outlive the mixed p92, spending the
+//! budget on requests that were not slow for what they are).
+//!
+//! Each route (Envoy's `xds.route_name`; unnamed routes share the cluster's
+//! delay) gets a window and a long horizon like the cluster's, kept in the
+//! cluster's shared value, at most `max_routes` per cluster (first come;
+//! a route not heard from for long gives its slot up). A route arms its own
+//! delay once it has `min_samples`; until then, and past `max_routes`, its
+//! requests use the cluster's. Every sample also goes into the cluster's
+//! window, and the budget stays the cluster's: routes change when a request
+//! is hedged, not how many are.
+
+use super::config::ClusterPolicy;
+use super::decision::RouteId;
+use super::hedge_delay::{hedge_delay, HedgeDelay};
+use super::shared_state::{SharedRoute, MAX_ROUTE_NAME};
+use super::sketch::Sketch;
+use super::window::WindowGeometry;
+use crate::telemetry::{metric_set, MetricTable, MetricsSink};
+
+metric_set! {
+    /// Per route: `adaptive_hedge.<metric>.<cluster>.route.<route>`.
+    pub enum RouteMetric {
+        /// The route's own delay; 0 while it uses the cluster's.
+        HedgeDelayUs = ("route_hedge_delay_us", Gauge),
+    }
+}
+
+/// A worker's table holds up to this many times `max_routes` names: the
+/// shared value decides which learn, and a worker whose first routes were
+/// refused (others registered theirs first) must still meet the others.
+const LOCAL_ROUTES_PER_LIMIT: usize = 2;
+
+#[derive(Debug)]
+struct RouteState {
+    name: String,
+    /// Samples since the last tick, not yet in the shared value.
+    samples: Sketch,
+    /// Cached on the tick; `None` until the route has `min_samples` (or has
+    /// no slot in the shared value).
+    delay: Option<HedgeDelay>,
+    metrics: MetricTable<RouteMetric>,
+}
+
+/// One cluster's routes, as this worker knows them.
+#[derive(Debug, Default)]
+pub struct Routes {
+    routes: Vec<RouteState>,
+}
+
+impl Routes {
+    /// The route's handle, taking a local slot for a new name; `None` for an
+    /// empty name, a name that is too long or not UTF-8, or a full table.
+    /// Linear: the table holds at most `2 * max_routes` short names.
+    pub fn lookup(&mut self, name: &[u8], max_routes: usize) -> Option<RouteId> {
+        if let Some(id) = self.routes.iter().position(|r| r.name.as_bytes() == name) {
+            return Some(id);
+        }
+        if name.is_empty()
+            || name.len() > MAX_ROUTE_NAME
+            || self.routes.len() >= LOCAL_ROUTES_PER_LIMIT * max_routes
+        {
+            return None;
+        }
+        let name = std::str::from_utf8(name).ok()?.to_string();
+        self.routes.push(RouteState {
+            name,
+            samples: Sketch::new(),
+            delay: None,
+            metrics: MetricTable::default(),
+        });
+        Some(self.routes.len() - 1)
+    }
+
+    /// The route's learned delay, if it has one.
+    pub fn delay(&self, id: RouteId) -> Option<HedgeDelay> {
+        self.routes.get(id).and_then(|r| r.delay)
+    }
+
+    pub fn add_sample(&mut self, id: RouteId, latency_us: f64) {
+        if let Some(r) = self.routes.get_mut(id) {
+            r.samples.add(latency_us);
+        }
+    }
+
+    /// Under the compare-and-swap of the cluster's value (may run more than
+    /// once, so it reads `self` only): ages every route's window and long
+    /// horizon, and merges this worker's samples, registering a route that
+    /// has none yet while there is room (or a forgotten route to replace).
+    pub fn merge_into(
+        &self,
+        shared: &mut Vec<SharedRoute>,
+        now_ms: u64,
+        max_routes: usize,
+        geometry: WindowGeometry,
+    ) {
+        for route in shared.iter_mut() {
+            route.window.expire(now_ms);
+            route.long.merge(now_ms, &Sketch::new());
+        }
+        for local in self.routes.iter().filter(|r| !r.samples.is_empty()) {
+            let slot = match shared.iter().position(|s| s.name == local.name) {
+                Some(i) => Some(i),
+                None if shared.len() < max_routes => {
+                    shared.push(SharedRoute::new(local.name.clone(), geometry));
+                    Some(shared.len() - 1)
+                }
+                None => shared
+                    .iter()
+                    .position(|s| s.forgotten(now_ms))
+                    .inspect(|&i| {
+                        if let Some(s) = shared.get_mut(i) {
+                            *s = SharedRoute::new(local.name.clone(), geometry);
+                        }
+                    }),
+            };
+            if let Some(s) = slot.and_then(|i| shared.get_mut(i)) {
+                s.window.merge(now_ms, &local.samples);
+                s.long.merge(now_ms, &local.samples);
+            }
+        }
+        // a config with fewer routes than the value holds (a new config
+        // shares the value): the last ones go
+        shared.truncate(max_routes);
+    }
+
+    /// After the shared value was written: the samples are in it; every
+    /// route's delay from its shared window (`None` without a slot),
+    /// adjusted by `adjust` (the cluster's timer slack).
+    pub fn refresh(
+        &mut self,
+        shared: &[SharedRoute],
+        now_ms: u64,
+        policy: &ClusterPolicy,
+        recent_slices: u64,
+        adjust: impl Fn(HedgeDelay) -> HedgeDelay,
+    ) {
+        for local in self.routes.iter_mut() {
+            local.samples.clear();
+            local.delay = shared
+                .iter()
+                .find(|s| s.name == local.name)
+                .and_then(|s| {
+                    let recent = s.window.snapshot_recent(now_ms, recent_slices);
+                    hedge_delay(policy, &s.long.sketch, &recent)
+                })
+                .map(&adjust);
+        }
+    }
+
+    /// Sets each route's gauge (on the tick).
+    pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink, cluster: &str) {
+        for r in self.routes.iter_mut() {
+            let delay = r.delay.map_or(0, |d| d.delay_us);
+            r.metrics.flush(
+                sink,
+                Some(&format!("{cluster}.route.{}", r.name)),
+                |m| match m {
+                    RouteMetric::HedgeDelayUs => Some(delay),
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn geometry() -> WindowGeometry {
+        WindowGeometry::new(Duration::from_secs(30))
+    }
+
+    fn policy() -> ClusterPolicy {
+        ClusterPolicy {
+            min_samples: 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lookup_is_bounded_and_refuses_what_cannot_be_a_name() {
+        let mut r = Routes::default();
+        assert_eq!(r.lookup(b"a", 1), Some(0));
+        assert_eq!(r.lookup(b"a", 1), Some(0));
+        assert_eq!(r.lookup(b"b", 1), Some(1));
+        assert_eq!(r.lookup(b"c", 1), None, "two per allowed route");
+        let mut r = Routes::default();
+        assert_eq!(r.lookup(b"", 8), None);
+        assert_eq!(r.lookup(&[0xff, 0xfe], 8), None);
+        assert_eq!(r.lookup(&[b'x'; MAX_ROUTE_NAME + 1], 8), None);
+        assert_eq!(r.lookup(b"ok", 0), None, "max_routes 0 learns none");
+    }
+
+    #[test]
+    fn a_route_learns_its_own_delay_once_it_has_enough_samples() {
+        let mut r = Routes::default();
+        let fast = r.lookup(b"lookup", 8).unwrap();
+        let slow = r.lookup(b"search", 8).unwrap();
+        for i in 0..100 {
+            r.add_sample(fast, 1000.0 + f64::from(i));
+        }
+        for i in 0..5 {
+            r.add_sample(slow, 50_000.0 + f64::from(i));
+        }
+        let mut shared = Vec::new();
+        r.merge_into(&mut shared, T0, 8, geometry());
+        r.refresh(&shared, T0, &policy(), 2, |d| d);
+        let fast_delay = r.delay(fast).unwrap().delay_us;
+        assert!((1000..1200).contains(&fast_delay), "{fast_delay}");
+        assert_eq!(r.delay(slow), None, "5 samples < min_samples 10");
+        assert_eq!(shared.len(), 2);
+        assert_eq!(shared[1].window.snapshot(T0).count(), 5);
+    }
+
+    #[test]
+    fn the_table_is_first_come_and_a_forgotten_route_gives_its_slot_up() {
+        let mut a = Routes::default();
+        let one = a.lookup(b"one", 1).unwrap();
+        a.add_sample(one, 1000.0);
+        let mut shared = Vec::new();
+        a.merge_into(&mut shared, T0, 1, geometry());
+        let mut b = Routes::default();
+        let two = b.lookup(b"two", 1).unwrap();
+        b.add_sample(two, 1000.0);
+        b.merge_into(&mut shared, T0, 1, geometry());
+        assert_eq!(shared.len(), 1);
+        assert_eq!(shared[0].name, "one", "full: two waits");
+        b.refresh(&shared, T0, &policy(), 2, |d| d);
+        assert_eq!(b.delay(two), None);
+        // hours later "one" is forgotten: its window is empty and its long
+        // horizon halved to nothing
+        let later = T0 + 10 * 3_600_000;
+        b.add_sample(two, 1000.0);
+        b.merge_into(&mut shared, later, 1, geometry());
+        assert_eq!(shared[0].name, "two");
+        // a config that allows fewer routes drops the last ones
+        shared.push(SharedRoute::new("three".into(), geometry()));
+        Routes::default().merge_into(&mut shared, later, 1, geometry());
+        assert_eq!(shared.len(), 1);
+    }
+}
