@@ -7,9 +7,17 @@
   (adaptive-hedge and Envoy's static 10 ms hedging), for the scenarios that
   change during the run;
 - streaming.png: time to first byte and to the end of the stream, per
-  configuration, for the streaming scenario.
+  configuration, for the streaming scenario;
+- frontier_<scenario>.png: p99 and p999 against extra load: Envoy's fixed
+  delays as a line (the frontier a user could pick from in hindsight), no
+  hedging at 0, adaptive-hedge as a point (medians over the runs; with
+  several targets, geometric means of the targets').
+
+With several runs per configuration (BENCH_RUNS) the other charts show the
+run whose p99 is the median.
 """
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -26,15 +34,81 @@ def slug(text):
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
+def tail(run, q):
+    """A run's quantile: the geometric mean over its targets."""
+    values = [max(t["latency_ms"][q], 1e-3) for t in run["targets"]]
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
+def median_runs(runs):
+    """Per (scenario, configuration), the run whose p99 is the median."""
+    groups = {}
+    for run in runs:
+        groups.setdefault((run["scenario"], run["configuration"]), []).append(run)
+    return [median_run(g) for g in groups.values()], groups
+
+
+def median_run(group):
+    return sorted(group, key=lambda r: tail(r, "p99"))[len(group) // 2]
+
+
+def frontier_charts(folder, groups):
+    written = []
+    scenarios = sorted({s for s, _ in groups})
+    for scenario in scenarios:
+        configs = {c: g for (s, c), g in groups.items() if s == scenario}
+        if not any("static" in c for c in configs) or not any("adaptive" in c for c in configs):
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+        for ax, q in zip(axes, ("p99", "p999")):
+            fixed = []
+            for c, g in configs.items():
+                point = (median([r["extra_load"] for r in g]) * 100, median([tail(r, q) for r in g]))
+                if "static" in c or "no hedging" in c:
+                    fixed.append(point)
+                if "no hedging" in c:
+                    ax.plot(*point, "ks", label="no hedging")
+                if "adaptive" in c:
+                    ax.plot(*point, "r*", markersize=14, label="adaptive-hedge (zero config)")
+            fixed.sort()
+            ax.plot([p[0] for p in fixed], [p[1] for p in fixed], "--o", color="grey", label="Envoy, fixed delays")
+            for c, g in configs.items():
+                if "static" in c:
+                    ax.annotate(c.split("hedge ")[-1], (median([r["extra_load"] for r in g]) * 100, median([tail(r, q) for r in g])), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.set_xlabel("extra load (% of requests)")
+            ax.set_ylabel(f"{q} (ms, log scale)")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(q)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{scenario}: tail against extra load")
+        fig.tight_layout()
+        path = folder / f"frontier_{slug(scenario)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
 def main(folder):
     folder = Path(folder)
-    data = json.loads((folder / "results.json").read_text())
+    results = folder / "results.json"
+    if not results.exists():
+        # BENCH_ONLY=... prints its section and writes no results.json
+        print(f"no {results}: no charts")
+        return
+    data = json.loads(results.read_text())
+    runs, groups = median_runs(data["runs"])
     scenarios = {}
-    for run in data["runs"]:
+    for run in runs:
         for target in run["targets"]:
             name = run["scenario"]
             if len(run["targets"]) > 1:
-                name = f'{name}: {target["cluster"]}'
+                name = f'{name}: {target["cluster"]} {target.get("path", "")}'
             scenarios.setdefault(name, []).append((run, target))
     written = []
     for name, runs in scenarios.items():
@@ -102,6 +176,7 @@ def main(folder):
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path.name)
+    written += frontier_charts(folder, groups)
     print(f"wrote {len(written)} charts to {folder}: {', '.join(written)}")
 
 

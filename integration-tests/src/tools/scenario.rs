@@ -119,6 +119,8 @@ impl Workload {
 #[derive(Clone, Debug)]
 pub struct Target {
     pub path: &'static str,
+    /// The route's name in the configs (a named route learns its own delay).
+    pub route: &'static str,
     pub cluster: &'static str,
     /// Indexes into the plan's hosts.
     pub hosts: Vec<usize>,
@@ -149,6 +151,7 @@ impl Plan {
             hosts: vec![model; 3],
             targets: vec![Target {
                 path: "/",
+                route: "default",
                 cluster: "backend",
                 hosts: vec![0, 1, 2],
             }],
@@ -315,8 +318,14 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         .targets
         .iter()
         .map(|t| match (proxy.is_adaptive(), &envoy) {
+            // the route's own delay once it has one, else the cluster's
             (true, Some(e)) => e
-                .filter_stat("hedge_delay_us", t.cluster)
+                .filter_stat(
+                    "route_hedge_delay_us",
+                    &format!("{}.route.{}", t.cluster, t.route),
+                )
+                .filter(|us| *us > 0)
+                .or_else(|| e.filter_stat("hedge_delay_us", t.cluster))
                 .map(|us| us as f64 / 1000.0),
             _ => None,
         })
