@@ -17,6 +17,14 @@ pub struct HedgeDelay {
     pub per_try_timeout_ms: u64,
 }
 
+impl HedgeDelay {
+    /// When a request armed with this delay sends its hedge: at its per-try
+    /// timeout (µs).
+    pub fn censoring_point_us(&self) -> f64 {
+        self.per_try_timeout_ms as f64 * 1000.0
+    }
+}
+
 /// The delay to arm requests with; `None` while the long horizon holds
 /// fewer than `min_samples` (still warming up).
 ///
@@ -39,14 +47,28 @@ pub struct HedgeDelay {
 /// the delay, the budget would run dry on whichever came first, and the real
 /// stragglers would go unhedged. The recent quantile follows the shift
 /// within a slice or two.
-pub fn hedge_delay(policy: &ClusterPolicy, long: &Sketch, recent: &Sketch) -> Option<HedgeDelay> {
+///
+/// `censored_at_us`: the per-try timeout the recent samples were armed with
+/// (`None` while warming up). A hedged request's sample is the earlier of
+/// the two attempts, so above the delay the samples understate how late
+/// the primaries were; see `uncensored_quantile`.
+pub fn hedge_delay(
+    policy: &ClusterPolicy,
+    long: &Sketch,
+    recent: &Sketch,
+    censored_at_us: Option<f64>,
+) -> Option<HedgeDelay> {
     if long.count() < policy.min_samples {
         return None;
     }
     let trigger = trigger_quantile(policy);
     let mut quantile_us = long.quantile(trigger)?;
     if recent.count() >= policy.min_samples {
-        if let Some(recent_us) = recent.quantile(trigger) {
+        let recent_us = match censored_at_us {
+            Some(d) => uncensored_quantile(recent, trigger, d),
+            None => recent.quantile(trigger),
+        };
+        if let Some(recent_us) = recent_us {
             quantile_us = quantile_us.max(recent_us);
         }
     }
@@ -61,6 +83,73 @@ pub fn hedge_delay(policy: &ClusterPolicy, long: &Sketch, recent: &Sketch) -> Op
         delay_us,
         per_try_timeout_ms,
     })
+}
+
+/// The quantile `q` of the latency the primaries had, estimated from
+/// samples whose hedged requests were censored at `censored_at_us` (d).
+///
+/// Why: a hedged request's sample is min(P, d + H), the earlier of the
+/// primary and the hedge. With H an independent draw of the same
+/// distribution as P, the samples' survival above x is S(x) for x < d and
+/// S(x) * S(x - d) above it. So the true survival is rebuilt upward from d:
+/// S(x) = S_samples(x) / S(x - d), where S(x - d) is either below d (read
+/// from the samples as they are) or already rebuilt. When the delay sits at
+/// its quantile this changes nothing (at x = d the divisor is S(0) = 1);
+/// after latency rises, the samples' quantile is below the true one (more
+/// requests are hedged, and each hedged sample is cut off at d + H), and
+/// without the correction the delay climbs toward the true quantile by
+/// about one hedge latency per turnover of the samples.
+///
+/// Conservative by construction: samples censored at an earlier, lower
+/// delay, and requests that were not armed (not censored at all), both
+/// make the estimate lower than the truth, never higher.
+pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Option<f64> {
+    let n = samples.count();
+    if n == 0 {
+        return None;
+    }
+    let target = 1.0 - q.clamp(0.0, 1.0);
+    // (value, share of the samples above it), ascending
+    let mut above = n;
+    let survival: Vec<(f64, f64)> = samples
+        .buckets()
+        .map(|(value, count)| {
+            above = above.saturating_sub(count);
+            (value, above as f64 / n as f64)
+        })
+        .collect();
+    let step = |points: &[(f64, f64)], y: f64| -> Option<f64> {
+        let i = points.partition_point(|(v, _)| *v <= y);
+        i.checked_sub(1).and_then(|i| points.get(i)).map(|p| p.1)
+    };
+    let d = censored_at_us.max(0.0);
+    let mut rebuilt: Vec<(f64, f64)> = Vec::new();
+    let mut last = 1.0f64;
+    for &(value, observed) in &survival {
+        let s = if value < d {
+            observed
+        } else {
+            let y = value - d;
+            let below = if y < d {
+                step(&survival, y).unwrap_or(1.0)
+            } else {
+                step(&rebuilt, y).unwrap_or(1.0)
+            };
+            if below > 0.0 {
+                (observed / below).min(last)
+            } else {
+                last
+            }
+        };
+        if value >= d {
+            rebuilt.push((value, s));
+        }
+        last = s;
+        if s <= target {
+            return Some(value);
+        }
+    }
+    survival.last().map(|p| p.0)
 }
 
 /// Of the budget, the share the delay plans to spend (see `trigger_quantile`).
@@ -121,7 +210,7 @@ mod tests {
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new()).unwrap();
+        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new(), None).unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
@@ -129,13 +218,13 @@ mod tests {
             max_delay: TextDuration(Duration::from_millis(3)),
             ..policy(10)
         };
-        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new()).unwrap();
+        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new(), None).unwrap();
         assert_eq!(clamped.per_try_timeout_ms, 3);
         let floor = ClusterPolicy {
             min_delay: TextDuration(Duration::from_millis(20)),
             ..policy(10)
         };
-        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new()).unwrap();
+        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new(), None).unwrap();
         assert_eq!(floored.per_try_timeout_ms, 20);
     }
 
@@ -147,7 +236,7 @@ mod tests {
         let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
         let mut window = window_of(&old);
         window.merge(&window_of(&slow));
-        let up = hedge_delay(&policy, &window, &window_of(&slow))
+        let up = hedge_delay(&policy, &window, &window_of(&slow), None)
             .unwrap()
             .delay_us as f64;
         assert!(
@@ -156,7 +245,7 @@ mod tests {
         );
         let mut window = window_of(&old);
         window.merge(&window_of(&fast));
-        let down = hedge_delay(&policy, &window, &window_of(&fast))
+        let down = hedge_delay(&policy, &window, &window_of(&fast), None)
             .unwrap()
             .delay_us as f64;
         assert!(
@@ -164,7 +253,7 @@ mod tests {
             "a shift down waits for the long horizon: {down}"
         );
         // too few recent samples: ignored
-        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]))
+        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]), None)
             .unwrap()
             .delay_us as f64;
         assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
@@ -192,16 +281,59 @@ mod tests {
             ..Default::default()
         };
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
-        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new()).unwrap();
+        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new(), None).unwrap();
         assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
+    }
+
+    /// Samples as a filter hedging at `d` sees them: min(P, d + H).
+    fn hedged_at(d: f64, draws: &[(f64, f64)]) -> Sketch {
+        window_of(
+            &draws
+                .iter()
+                .map(|&(p, h)| if p > d { p.min(d + h) } else { p })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn the_quantile_hedging_hides_is_recovered() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        // lognormal-ish: 10 ms median, a tail to ~100 ms
+        let mut draw = || {
+            10_000.0
+                * (rng.gen::<f64>() * 2.0 - 1.0).exp()
+                * if rng.gen_bool(0.1) { 4.0 } else { 1.0 }
+        };
+        let draws: Vec<(f64, f64)> = (0..20_000).map(|_| (draw(), draw())).collect();
+        let truth = window_of(&draws.iter().map(|d| d.0).collect::<Vec<_>>())
+            .quantile(0.92)
+            .unwrap();
+        // hedged far below the p92 (latency just tripled): the samples'
+        // p92 is far below the truth, the rebuilt one close to it
+        let low = truth / 3.0;
+        let seen = hedged_at(low, &draws);
+        let naive = seen.quantile(0.92).unwrap();
+        let rebuilt = uncensored_quantile(&seen, 0.92, low).unwrap();
+        assert!(naive < 0.85 * truth, "naive {naive} truth {truth}");
+        assert!(
+            (rebuilt / truth - 1.0).abs() < 0.1,
+            "rebuilt {rebuilt} truth {truth}"
+        );
+        // hedged at the p92 itself: nothing to correct
+        let at = uncensored_quantile(&hedged_at(truth, &draws), 0.92, truth).unwrap();
+        assert!((at / truth - 1.0).abs() < 0.03, "{at} vs {truth}");
+        // never above the truth when the samples were cut lower than said
+        let said_higher = uncensored_quantile(&hedged_at(low, &draws), 0.92, 2.0 * low).unwrap();
+        assert!(said_higher <= 1.03 * truth, "{said_higher} vs {truth}");
     }
 
     #[test]
     fn warming_up_until_min_samples() {
         let policy = policy(100);
-        let none = hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new());
+        let none = hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new(), None);
         assert_eq!(none, None);
-        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new()).is_some());
+        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new(), None).is_some());
     }
 
     #[test]

@@ -132,23 +132,29 @@ impl Routes {
 
     /// After the shared value was written: the samples are in it; every
     /// route's delay from its shared window (`None` without a slot),
-    /// adjusted by `adjust` (the cluster's timer slack).
+    /// adjusted by `adjust` (the cluster's timer slack). A route without a
+    /// delay of its own was armed with the cluster's: `cluster_censored_at`.
     pub fn refresh(
         &mut self,
         shared: &[SharedRoute],
         now_ms: u64,
         policy: &ClusterPolicy,
         recent_slices: u64,
+        cluster_censored_at: Option<f64>,
         adjust: impl Fn(HedgeDelay) -> HedgeDelay,
     ) {
         for local in self.routes.iter_mut() {
             local.samples.clear();
+            let censored_at = local
+                .delay
+                .map(|d| d.censoring_point_us())
+                .or(cluster_censored_at);
             local.delay = shared
                 .iter()
                 .find(|s| s.name == local.name)
                 .and_then(|s| {
                     let recent = s.window.snapshot_recent(now_ms, recent_slices);
-                    hedge_delay(policy, &s.long.sketch, &recent)
+                    hedge_delay(policy, &s.long.sketch, &recent, censored_at)
                 })
                 .map(&adjust);
         }
@@ -214,7 +220,7 @@ mod tests {
         }
         let mut shared = Vec::new();
         r.merge_into(&mut shared, T0, 8, geometry());
-        r.refresh(&shared, T0, &policy(), 2, |d| d);
+        r.refresh(&shared, T0, &policy(), 2, None, |d| d);
         let fast_delay = r.delay(fast).unwrap().delay_us;
         assert!((1000..1200).contains(&fast_delay), "{fast_delay}");
         assert_eq!(r.delay(slow), None, "5 samples < min_samples 10");
@@ -235,7 +241,7 @@ mod tests {
         b.merge_into(&mut shared, T0, 1, geometry());
         assert_eq!(shared.len(), 1);
         assert_eq!(shared[0].name, "one", "full: two waits");
-        b.refresh(&shared, T0, &policy(), 2, |d| d);
+        b.refresh(&shared, T0, &policy(), 2, None, |d| d);
         assert_eq!(b.delay(two), None);
         // hours later "one" is forgotten: its window is empty and its long
         // horizon halved to nothing

@@ -146,6 +146,16 @@ impl Sketch {
         }
     }
 
+    /// The non-empty buckets in ascending order: (the value each stands
+    /// for, its count).
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| (value_for(self.offset + i as i32), u64::from(n)))
+    }
+
     /// The value at quantile `q` in [0, 1], in microseconds; `None` if empty.
     /// Rank convention: the element at index floor(q * (n - 1)) of the sorted
     /// samples, the same one the accuracy guarantee is stated for.

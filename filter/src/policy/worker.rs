@@ -490,14 +490,24 @@ impl Worker {
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
         state.timer.tick(1.0 - trigger_quantile(&state.policy));
-        state.hedge_delay = hedge_delay(&state.policy, &shared.value.long.sketch, &recent)
-            .map(|d| state.timer.apply(d, &state.policy));
+        // the recent samples were hedged at the per-try timeout in force
+        let censored_at = state.hedge_delay.map(|d| d.censoring_point_us());
+        state.hedge_delay = hedge_delay(
+            &state.policy,
+            &shared.value.long.sketch,
+            &recent,
+            censored_at,
+        )
+        .map(|d| state.timer.apply(d, &state.policy));
         let (timer, policy) = (&state.timer, &state.policy);
-        state
-            .routes
-            .refresh(&shared.value.routes, now_ms, policy, RECENT_SLICES, |d| {
-                timer.apply(d, policy)
-            });
+        state.routes.refresh(
+            &shared.value.routes,
+            now_ms,
+            policy,
+            RECENT_SLICES,
+            censored_at,
+            |d| timer.apply(d, policy),
+        );
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,
