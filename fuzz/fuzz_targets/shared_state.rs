@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // A worker meets the bytes under its keys.
-    let Ok(config) = Config::parse(br#"{"min_samples": 1}"#) else { return };
+    let Ok(config) = Config::parse(br#"{"min_samples": 1, "max_routes": 2}"#) else { return };
     let mut worker = Worker::new(Arc::new(config));
     let store = MemoryStore::default();
     let split = data.len() / 2;
@@ -43,9 +43,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = store.set(&cluster_key("backend"), &data[split..], 0);
     for i in 0..3u64 {
         let get = Request { method: b"GET", ..Request::default() };
-        let plan = worker.plan(Some(b"backend"), &get);
+        let plan = worker.plan(Some(b"backend"), Some(b"default"), &get);
         if let Some(id) = plan.cluster {
-            worker.on_response(id, 1000 + i);
+            worker.on_response(id, plan.route, 1000 + i);
         }
         if let Some(settlement) = plan.settlement() {
             worker.settle(settlement, Some(1), None);
