@@ -1,7 +1,8 @@
 //! Reads the request headers from one `proxy_get_header_map_pairs` answer.
 //!
 //! Why one call: the filter needs `:method`, `upgrade`, and whether the
-//! client sent any router control header or the first-byte marker. Asking
+//! client sent any router control header, the first-byte marker or the
+//! host header. Asking
 //! for each by name costs a host round trip per name (eight on a request
 //! that is not armed), and each costs microseconds. The whole map in one
 //! buffer costs one.
@@ -11,6 +12,8 @@
 //! NUL byte; integers little-endian. The buffer comes from the host: it is
 //! parsed defensively (a malformed buffer is `None`, never a panic).
 
+#[cfg(test)]
+use crate::headers::ENDPOINT_HEADER;
 use crate::headers::{CONTROL_HEADERS, FIRST_BYTE_MARKER};
 use crate::policy::decision::Request;
 
@@ -19,9 +22,10 @@ fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
     usize::try_from(u32::from_le_bytes(bytes)).ok()
 }
 
-/// Scans a serialised header map for what the decision needs. Header names
-/// in Envoy's maps are lower-case already. `None` if the buffer is malformed.
-pub fn scan(buf: &[u8]) -> Option<Request<'_>> {
+/// Scans a serialised header map for what the decision needs;
+/// `endpoint_header` is the configured host header. Header names in Envoy's
+/// maps are lower-case already. `None` if the buffer is malformed.
+pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
     let count = u32_at(buf, 0)?;
     // Each pair needs 8 bytes of lengths and 2 NULs: reject absurd counts
     // before doing arithmetic with them.
@@ -43,6 +47,8 @@ pub fn scan(buf: &[u8]) -> Option<Request<'_>> {
             found.upgrade = true;
         } else if name == FIRST_BYTE_MARKER.as_bytes() {
             found.client_marker = true;
+        } else if name == endpoint_header {
+            found.client_endpoint = true;
         } else if !found.client_controls && CONTROL_HEADERS.iter().any(|n| n.as_bytes() == name) {
             found.client_controls = true;
         }
@@ -72,6 +78,8 @@ pub fn serialise(pairs: &[(&str, &str)]) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    const E: &[u8] = ENDPOINT_HEADER.as_bytes();
+
     #[test]
     fn finds_the_method_and_control_headers() {
         let buf = serialise(&[
@@ -80,18 +88,18 @@ mod tests {
             (":method", "GET"),
             ("x-envoy-retry-on", "5xx"),
         ]);
-        let h = scan(&buf).unwrap();
+        let h = scan(&buf, E).unwrap();
         assert_eq!(h.method, b"GET");
         assert!(h.client_controls);
 
         let buf = serialise(&[(":method", "POST"), ("x-request-id", "1")]);
-        let h = scan(&buf).unwrap();
+        let h = scan(&buf, E).unwrap();
         assert_eq!(h.method, b"POST");
         assert!(!h.client_controls);
         assert!(!h.client_marker);
 
         let buf = serialise(&[(":method", "GET"), (FIRST_BYTE_MARKER, "1")]);
-        let h = scan(&buf).unwrap();
+        let h = scan(&buf, E).unwrap();
         assert!(h.client_marker);
         assert!(
             !h.client_controls,
@@ -99,11 +107,16 @@ mod tests {
         );
         assert!(!h.upgrade);
 
+        let buf = serialise(&[(":method", "GET"), (ENDPOINT_HEADER, "10.0.0.1:80")]);
+        let h = scan(&buf, E).unwrap();
+        assert!(h.client_endpoint && !h.client_controls);
+        assert!(!scan(&buf, b"x-other").unwrap().client_endpoint);
+
         let buf = serialise(&[(":method", "GET"), ("upgrade", "websocket")]);
-        assert!(scan(&buf).unwrap().upgrade);
+        assert!(scan(&buf, E).unwrap().upgrade);
 
         let empty = serialise(&[]);
-        let h = scan(&empty).unwrap();
+        let h = scan(&empty, E).unwrap();
         assert_eq!(h, Request::default());
     }
 
@@ -114,7 +127,7 @@ mod tests {
             ("x", "x-envoy-retry-on"),
             (":method", ""),
         ]);
-        let h = scan(&buf).unwrap();
+        let h = scan(&buf, E).unwrap();
         assert!(!h.client_controls);
         assert_eq!(h.method, b"");
     }
@@ -123,18 +136,18 @@ mod tests {
     fn malformed_buffers_are_none_never_a_panic() {
         let good = serialise(&[(":method", "GET"), ("a", "b")]);
         for cut in 0..good.len() {
-            assert_eq!(scan(&good[..cut]), None, "cut at {cut}");
+            assert_eq!(scan(&good[..cut], E), None, "cut at {cut}");
         }
-        assert_eq!(scan(&[0xff, 0xff, 0xff, 0xff]), None);
+        assert_eq!(scan(&[0xff, 0xff, 0xff, 0xff], E), None);
         let mut long = good.clone();
         long[4] = 0xff; // first name's length past the end
-        assert_eq!(scan(&long), None);
+        assert_eq!(scan(&long, E), None);
         // every byte value in every position: no panic
         for i in 0..good.len() {
             for b in [0u8, 1, 0x7f, 0x80, 0xff] {
                 let mut m = good.clone();
                 m[i] = b;
-                let _ = scan(&m);
+                let _ = scan(&m, E);
             }
         }
     }

@@ -29,3 +29,9 @@ pub const FIRST_BYTE_MARKER: &str = "x-adaptive-hedge-first-byte";
 
 /// Response header with the filter's decision, when `debug_header` is on.
 pub const DEBUG_HEADER: &str = "x-adaptive-hedge";
+
+/// The request header Envoy's `override_host` load-balancing policy reads
+/// (Gateway API Inference Extension's name): `primary[,hedge]` host
+/// addresses, one per attempt. Not `x-envoy-*`, so Envoy does not remove a
+/// client's copy: the filter does (or overwrites it).
+pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";

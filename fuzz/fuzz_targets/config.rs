@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
             let logged = config.effective_json();
             let again = Config::parse(logged.as_bytes())
                 .unwrap_or_else(|e| panic!("the logged config does not parse: {e}\n{logged}"));
-            assert_eq!(again.effective_json(), logged, "round trip changed the config");
+            assert_eq!(
+                again.effective_json(),
+                logged,
+                "round trip changed the config"
+            );
         }
         // The field may be literally "" (a key named ""), but the message
         // always has the form Envoy's log shows.

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adaptive_hedge::policy::config::Config;
+use adaptive_hedge::policy::decision::Request;
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
     cluster_key, Registry, SharedCluster, SharedStore, REGISTRY_KEY,
 };
 use adaptive_hedge::policy::window::WindowGeometry;
-use adaptive_hedge::policy::decision::Request;
 use adaptive_hedge::policy::worker::Worker;
 use adaptive_hedge::telemetry::{Level, Logger};
 use libfuzzer_sys::fuzz_target;
@@ -35,14 +35,19 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // A worker meets the bytes under its keys.
-    let Ok(config) = Config::parse(br#"{"min_samples": 1, "max_routes": 2}"#) else { return };
+    let Ok(config) = Config::parse(br#"{"min_samples": 1, "max_routes": 2}"#) else {
+        return;
+    };
     let mut worker = Worker::new(Arc::new(config));
     let store = MemoryStore::default();
     let split = data.len() / 2;
     let _ = store.set(REGISTRY_KEY, &data[..split], 0);
     let _ = store.set(&cluster_key("backend"), &data[split..], 0);
     for i in 0..3u64 {
-        let get = Request { method: b"GET", ..Request::default() };
+        let get = Request {
+            method: b"GET",
+            ..Request::default()
+        };
         let plan = worker.plan(Some(b"backend"), Some(b"default"), &get);
         if let Some(id) = plan.cluster {
             worker.on_response(id, plan.route, 1000 + i);

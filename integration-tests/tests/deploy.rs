@@ -373,6 +373,51 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
             .unwrap_or(0)
             >= 100
     );
+    // Host choice: the outbound cluster follows the filter's header, and
+    // Envoy accepts the patch on a cluster that keeps Istio's lb_policy.
+    let host_choice = of_kind(&docs, "EnvoyFilter")
+        .into_iter()
+        .find(|f| str_at(f, "metadata.name") == "adaptive-hedge-host-choice")
+        .expect("the host choice EnvoyFilter");
+    assert_eq!(
+        str_at(host_choice, "spec.configPatches.0.applyTo"),
+        "CLUSTER"
+    );
+    let policy = get(
+        host_choice,
+        "spec.configPatches.0.patch.value.load_balancing_policy",
+    );
+    assert_eq!(
+        str_at(
+            policy,
+            "policies.0.typed_extension_config.typed_config.override_host_sources.0.header"
+        ),
+        adaptive_hedge::headers::ENDPOINT_HEADER
+    );
+    let mut bootstrap: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-baseline.yaml")).unwrap(),
+    )
+    .unwrap();
+    let cluster = &mut bootstrap["static_resources"]["clusters"][0];
+    cluster["lb_policy"] = Value::from("LEAST_REQUEST");
+    cluster["load_balancing_policy"] = policy.clone();
+    let path = std::env::temp_dir().join(format!(
+        "adaptive-hedge-istio-host-choice-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, serde_yaml::to_string(&bootstrap).unwrap()).unwrap();
+    let out = Command::new(envoy::envoy_binary())
+        .args(["--mode", "validate", "--log-level", "info", "-c"])
+        .arg(&path)
+        .output()
+        .expect("envoy");
+    let _ = std::fs::remove_file(&path);
+    let output =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && output.contains("OK"),
+        "envoy --mode validate refused the host choice patch:\n{output}"
+    );
     // Retry back-off: added to the hedge delay, 25 ms by default.
     let patch = of_kind(&docs, "EnvoyFilter")[0];
     assert_eq!(str_at(patch, "spec.configPatches.0.applyTo"), "HTTP_ROUTE");
@@ -413,6 +458,14 @@ fn gateway_manifests_configure_the_filter_and_what_hedging_needs() {
             .as_u64()
             .unwrap_or(0)
             >= 100
+    );
+    // Host choice: endpoint override reads the filter's header.
+    assert_eq!(
+        str_at(
+            traffic,
+            "spec.loadBalancer.endpointOverride.extractFrom.0.header"
+        ),
+        adaptive_hedge::headers::ENDPOINT_HEADER
     );
     // Triggers apply to unarmed requests too: only failures where the
     // request never reached the backend.

@@ -19,7 +19,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::duration::{format_duration, parse_duration};
 use super::shared_state::MAX_ROUTES;
 use super::window::SLICES;
-use crate::headers::FIRST_BYTE_MARKER;
+use crate::headers::{DEBUG_HEADER, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
 
 /// Which moment of the response is the latency sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -187,6 +187,20 @@ fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
     Ok(values.join(",").into())
 }
 
+fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
+    let token = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_';
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err("must be a lower-case header name (letters, digits, '-', '_')".into());
+    }
+    if *name == *FIRST_BYTE_MARKER || *name == *DEBUG_HEADER {
+        return Err("is one of the filter's own headers".into());
+    }
+    if name.starts_with("x-envoy-") {
+        return Err("x-envoy-* headers are Envoy's own; the override_host policy reads another (x-gateway-destination-endpoint)".into());
+    }
+    Ok(name)
+}
+
 /// Declares the settings: per-cluster ones (`policy`, also allowed in a
 /// `clusters.<name>` override) and plugin-wide ones (`global`), each as
 /// `name: type = default, rule;`.
@@ -335,6 +349,10 @@ settings! {
         /// Named routes of the cluster that learn a delay of their own (0: one delay for the whole cluster).
         max_routes: usize = 8,
             |n| within(n, 0, MAX_ROUTES, " routes per cluster");
+        /// Choose each request's host (p2c over latency) and send the hedge to the best other host; needs the cluster's `override_host` policy.
+        host_choice: bool = true, Ok;
+        /// Hosts drawn per request for the choice of its host (power of d choices).
+        host_choices: usize = 2, |n| within(n, 2, 4, " hosts drawn per request");
     }
     global {
         /// Length of the rolling latency window.
@@ -350,6 +368,8 @@ settings! {
         max_clusters: usize = 1000, |n| within(n, 1, 100_000, "");
         /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
         debug_header: bool = false, Ok;
+        /// The request header the cluster's `override_host` policy reads.
+        host_header: Arc<str> = ENDPOINT_HEADER.into(), host_header_rule;
     }
 }
 
@@ -357,6 +377,11 @@ impl Config {
     /// Whether any cluster learns per route (else the route's name is never read).
     pub fn learns_routes(&self) -> bool {
         self.defaults.max_routes > 0 || self.clusters.values().any(|p| p.max_routes > 0)
+    }
+
+    /// Whether any cluster chooses its hosts (else no response's host is read).
+    pub fn chooses_hosts(&self) -> bool {
+        self.defaults.host_choice || self.clusters.values().any(|p| p.host_choice)
     }
 }
 

@@ -16,13 +16,18 @@
 //!   `min_samples` samples from all workers, and the budget can pay for a
 //!   hedge even if every armed request in flight hedges (see `budget`);
 //! - every client-sent control header and first-byte marker of a request
-//!   that is not armed is removed: a client never switches hedging on.
+//!   that is not armed is removed: a client never switches hedging on;
+//! - where the cluster chooses hosts (`hosts`), any request (armed or not)
+//!   gets its host by power of d choices and, if armed, the hedge the best
+//!   other host; a client's own host header is overwritten or removed
+//!   unless the operator trusts clients.
 
 use std::sync::Arc;
 
 use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config, LatencySignal};
 use super::hedge_delay::HedgeDelay;
+use super::hosts::{HostPick, Hosts};
 use crate::headers::{
     FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_ON,
 };
@@ -38,6 +43,8 @@ pub struct Request<'a> {
     pub client_controls: bool,
     /// The client sent the first-byte marker.
     pub client_marker: bool,
+    /// The client sent the host header (`host_header`).
+    pub client_endpoint: bool,
 }
 
 impl Request<'_> {
@@ -50,6 +57,7 @@ impl Request<'_> {
         upgrade: false,
         client_controls: true,
         client_marker: true,
+        client_endpoint: true,
     };
 }
 
@@ -83,6 +91,11 @@ pub struct ClusterView<'a> {
     /// It is this request's turn to be a latency sample, if it belongs to
     /// the sampled population (see `in_sample_population`).
     pub sample_turn: bool,
+    /// The cluster's hosts, if it chooses them (`host_choice`, and the
+    /// cluster has not been seen to ignore the choice).
+    pub hosts: Option<&'a Hosts>,
+    /// A fresh random number for the choice.
+    pub random: u64,
 }
 
 /// Everything the filter does with one request.
@@ -99,6 +112,10 @@ pub struct Plan {
     pub cohort: u64,
     /// Time the response: a latency sample for the cluster's window.
     pub sample: bool,
+    /// The hosts chosen (the header names them).
+    pub hosts: Option<HostPick>,
+    /// The host header's value: `primary[,hedge]`.
+    pub endpoint: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,6 +164,8 @@ pub struct Strip {
     /// Every router control header (`headers::CONTROL_HEADERS`).
     pub control: bool,
     pub marker: bool,
+    /// The host header.
+    pub endpoint: bool,
 }
 
 impl Strip {
@@ -156,13 +175,16 @@ impl Strip {
         Strip {
             control: request.client_controls,
             marker: request.client_marker,
+            endpoint: request.client_endpoint,
         }
     }
 
-    /// Everything: what is left to do when arming failed half-way.
-    pub const ALL: Strip = Strip {
+    /// Everything arming may have set: what is left to do when arming
+    /// failed half-way (a chosen host stays: it duplicates nothing).
+    pub const ARMING: Strip = Strip {
         control: true,
         marker: true,
+        endpoint: false,
     };
 }
 
@@ -299,6 +321,8 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             route,
             cohort: 0,
             sample: false,
+            hosts: None,
+            endpoint: None,
         };
     }
     let decision = match cluster {
@@ -306,15 +330,32 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         Cluster::Untracked => Decision::Skip(Skip::Untracked),
         Cluster::Tracked(view) => decide(request, config, &view),
     };
-    let strip = match &decision {
+    // A client's own host header stands where clients are trusted.
+    let client_chose = config.trust_client_headers && request.client_endpoint;
+    let hosts = tracked
+        .and_then(|view| Some((view, view.hosts?)))
+        .filter(|_| !client_chose)
+        .and_then(|(view, hosts)| {
+            let pick = hosts.choose(
+                view.policy.host_choices,
+                view.random,
+                matches!(decision, Decision::Arm(_)),
+            )?;
+            Some((pick, hosts.header_value(pick)?))
+        });
+    let mut strip = match &decision {
         // The armed headers replace the client's; a client's marker goes
         // unless this request is marked anyway.
         Decision::Arm(a) => Strip {
             control: false,
             marker: request.client_marker && !a.first_byte_marker,
+            endpoint: request.client_endpoint,
         },
         Decision::Skip(_) => Strip::client_sent(request),
     };
+    // a chosen host overwrites the client's; a trusted client's stays
+    strip.endpoint &= hosts.is_none() && !client_chose;
+    let (pick, endpoint) = hosts.unzip();
     Plan {
         decision,
         strip,
@@ -325,6 +366,8 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         // origin); past a few hundred per tick the quantile gains nothing.
         sample: tracked
             .is_some_and(|view| view.sample_turn && in_sample_population(request, view.policy)),
+        hosts: pick,
+        endpoint,
     }
 }
 
@@ -356,6 +399,8 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
         route: None,
         cohort: 0,
         sample: false,
+        hosts: None,
+        endpoint: None,
     }
 }
 
@@ -409,6 +454,7 @@ mod tests {
         upgrade: false,
         client_controls: false,
         client_marker: false,
+        client_endpoint: false,
     };
 
     /// Plans `request` for a tracked cluster with `policy`, `delay` and
@@ -427,6 +473,8 @@ mod tests {
             delay,
             budget,
             sample_turn: true,
+            hosts: None,
+            random: 0,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -542,7 +590,7 @@ mod tests {
             client_marker: true,
             ..GET
         };
-        assert_eq!(with_defaults(&hostile).strip, Strip::ALL);
+        assert_eq!(with_defaults(&hostile).strip, Strip::ARMING);
         // nothing sent, nothing to remove (saves the host calls)
         let plain = Request {
             method: b"POST",
@@ -559,7 +607,13 @@ mod tests {
         // unreadable headers: not armed, everything removed
         let p = with_defaults(&Request::UNREADABLE);
         assert_eq!(p.decision, Decision::Skip(Skip::Method));
-        assert_eq!(p.strip, Strip::ALL);
+        assert_eq!(
+            p.strip,
+            Strip {
+                endpoint: true,
+                ..Strip::ARMING
+            }
+        );
     }
 
     #[test]
@@ -614,6 +668,8 @@ mod tests {
             delay: DELAY,
             budget: &budget,
             sample_turn: false,
+            hosts: None,
+            random: 0,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");
@@ -652,5 +708,80 @@ mod tests {
                 n.to_string().as_bytes()
             );
         }
+    }
+
+    /// Three hosts measured, the third far slower (on probation).
+    fn three_hosts() -> Hosts {
+        let mut hosts = Hosts::default();
+        for (address, us) in [("a:1", 1000.0), ("b:1", 1200.0), ("c:1", 30_000.0)] {
+            let id = hosts.find_or_add(address.as_bytes()).unwrap();
+            for _ in 0..20 {
+                hosts.observe(id, us);
+            }
+        }
+        let mut shared = Vec::new();
+        hosts.merge_into(&mut shared, 1_000);
+        hosts.refresh(&shared);
+        hosts
+    }
+
+    fn with_hosts(request: &Request, config: &Config, hosts: &Hosts, random: u64) -> Plan {
+        let policy = ClusterPolicy::default();
+        let budget = funded(&policy);
+        let view = ClusterView {
+            route: None,
+            id: 3,
+            policy: &policy,
+            delay: DELAY,
+            budget: &budget,
+            sample_turn: true,
+            hosts: Some(hosts),
+            random,
+        };
+        plan(request, config, Cluster::Tracked(view))
+    }
+
+    #[test]
+    fn an_armed_request_names_its_host_then_the_hedge_s() {
+        let hosts = three_hosts();
+        // a random number past the exploration share
+        let p = with_hosts(&GET, &Config::default(), &hosts, u64::MAX / 3);
+        assert!(matches!(p.decision, Decision::Arm(_)));
+        let endpoint = p.endpoint.unwrap();
+        let names: Vec<&str> = endpoint.split(',').collect();
+        assert_eq!(names.len(), 2, "{endpoint}");
+        assert_ne!(names[0], names[1]);
+        assert!(!endpoint.contains("c:1"), "the slow host is on probation");
+        // not armed (a POST): its host only, no hedge
+        let post = Request {
+            method: b"POST",
+            ..GET
+        };
+        let p = with_hosts(&post, &Config::default(), &hosts, u64::MAX / 3);
+        assert_eq!(p.hosts.unwrap().hedge, None);
+        assert!(!p.endpoint.unwrap().contains(','));
+        // the exploration share: the cluster's balancer chooses
+        let p = with_hosts(&GET, &Config::default(), &hosts, 0);
+        assert_eq!((p.hosts, p.endpoint), (None, None));
+    }
+
+    #[test]
+    fn a_client_s_host_header_never_chooses_unless_clients_are_trusted() {
+        let hosts = three_hosts();
+        let sent = Request {
+            client_endpoint: true,
+            ..GET
+        };
+        // overwritten by the choice; removed when there is none
+        let p = with_hosts(&sent, &Config::default(), &hosts, u64::MAX / 3);
+        assert!(p.endpoint.is_some() && !p.strip.endpoint);
+        let p = with_hosts(&sent, &Config::default(), &hosts, 0);
+        assert!(p.endpoint.is_none() && p.strip.endpoint);
+        assert!(with_defaults(&sent).strip.endpoint);
+        // trusted: the client's stands, no choice of the filter's
+        let trusting = Config::parse(br#"{"trust_client_headers": true}"#).unwrap();
+        let p = with_hosts(&sent, &trusting, &hosts, u64::MAX / 3);
+        assert!(p.endpoint.is_none() && !p.strip.endpoint);
+        assert!(matches!(p.decision, Decision::Arm(_)));
     }
 }

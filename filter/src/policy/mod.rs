@@ -17,6 +17,7 @@ pub mod decision;
 pub mod duration;
 pub mod hedge_delay;
 pub mod hold;
+pub mod hosts;
 pub mod routes;
 pub mod shared_state;
 pub mod sketch;

@@ -3,7 +3,8 @@
 //! Two kinds of keys (same `vm_id` = same shared data):
 //! - `adaptive_hedge/v1/cluster/<name>`: the cluster's [`SharedCluster`]:
 //!   its latency window, its long horizon, its budget pool, two lifetime
-//!   counters and the windows of its named routes (at most `max_routes`);
+//!   counters, the windows of its named routes (at most `max_routes`) and
+//!   its hosts' costs (at most `MAX_HOSTS`, for host choice);
 //! - `adaptive_hedge/v1/clusters`: the registry of tracked cluster names,
 //!   which bounds how many cluster keys exist at all.
 //!
@@ -22,9 +23,10 @@ pub const REGISTRY_KEY: &str = "adaptive_hedge/v1/clusters";
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
 const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
-/// 2: the long horizon; 3: the routes. A value of an older version (an
-/// older filter) is reset once, like any value that does not decode.
-pub const ENCODING_VERSION: u8 = 3;
+/// 2: the long horizon; 3: the routes; 4: the hosts. A value of an older
+/// version (an older filter) is reset once, like any value that does not
+/// decode.
+pub const ENCODING_VERSION: u8 = 4;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
 /// Longer route names do not learn a delay of their own (Envoy Gateway's
@@ -32,6 +34,11 @@ pub const MAX_CLUSTER_NAME: usize = 1024;
 pub const MAX_ROUTE_NAME: usize = 255;
 /// Routes one cluster value holds at most (the config allows up to 64).
 pub const MAX_ROUTES: usize = 64;
+/// Hosts one cluster value holds at most: 64 x about 60 bytes (an IPv6
+/// address with its port is at most 47 bytes).
+pub const MAX_HOSTS: usize = 64;
+/// Longer `upstream.address` values are not tracked.
+pub const MAX_HOST_ADDRESS: usize = 255;
 
 pub fn cluster_key(name: &str) -> String {
     format!("{CLUSTER_KEY_PREFIX}{name}")
@@ -79,6 +86,23 @@ pub struct SharedCluster {
     /// Named routes of the cluster that learn their own delay, in the order
     /// workers registered them.
     pub routes: Vec<SharedRoute>,
+    /// The cluster's hosts, as all workers measured them (`hosts`).
+    pub hosts: Vec<SharedHost>,
+}
+
+/// One host's cost, as all workers measured it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedHost {
+    /// As Envoy reports it in `upstream.address`.
+    pub address: String,
+    /// ln(latency in µs): the peak-sensitive EWMA.
+    pub cost_log: f64,
+    /// Decaying count of failures, as of `stamp_ms`.
+    pub failures: f64,
+    pub samples: u64,
+    pub stamp_ms: u64,
+    /// The last tick a worker reported a response from it.
+    pub seen_ms: u64,
 }
 
 /// One named route's latency, learned apart from the rest of its cluster.
@@ -115,6 +139,7 @@ impl SharedCluster {
             requests_total: 0,
             hedges_sent_total: 0,
             routes: Vec::new(),
+            hosts: Vec::new(),
         }
     }
 
@@ -133,6 +158,11 @@ impl SharedCluster {
                 .routes
                 .iter()
                 .map(|r| 2 + r.name.len() + SLICES * 12 + buckets(&r.window, &r.long) * 4)
+                .sum::<usize>()
+            + self
+                .hosts
+                .iter()
+                .map(|h| 41 + h.address.len())
                 .sum::<usize>();
         let mut out = Vec::with_capacity(4 + 8 * 4 + 2 + size);
         out.extend_from_slice(CLUSTER_MAGIC);
@@ -155,6 +185,22 @@ impl SharedCluster {
             out.push(route.name.len() as u8);
             out.extend_from_slice(route.name.as_bytes());
             encode_latencies(&route.window, &route.long, &mut out);
+        }
+        let hosts: Vec<&SharedHost> = self
+            .hosts
+            .iter()
+            .filter(|h| h.address.len() <= MAX_HOST_ADDRESS)
+            .take(MAX_HOSTS)
+            .collect();
+        out.push(hosts.len() as u8);
+        for host in hosts {
+            out.push(host.address.len() as u8);
+            out.extend_from_slice(host.address.as_bytes());
+            out.extend_from_slice(&host.cost_log.to_le_bytes());
+            out.extend_from_slice(&host.failures.to_le_bytes());
+            out.extend_from_slice(&host.samples.to_le_bytes());
+            out.extend_from_slice(&host.stamp_ms.to_le_bytes());
+            out.extend_from_slice(&host.seen_ms.to_le_bytes());
         }
         out
     }
@@ -186,6 +232,32 @@ impl SharedCluster {
             let (window, long) = r.latencies(geometry)?;
             routes.push(SharedRoute { name, window, long });
         }
+        let count = usize::from(r.u8()?);
+        if count > MAX_HOSTS {
+            return Err(DecodeError::Corrupt("too many hosts"));
+        }
+        let mut hosts = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = usize::from(r.u8()?);
+            let address = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| DecodeError::Corrupt("host address is not UTF-8"))?
+                .to_string();
+            let cost_log = r.f64()?;
+            let failures = r.f64()?;
+            // a cost of at most ~4,000 s, failures not negative: NaN and
+            // infinities are garbage (and would never compare equal again)
+            if !(0.0..=30.0).contains(&cost_log) || !(0.0..=1e9).contains(&failures) {
+                return Err(DecodeError::Corrupt("host cost out of range"));
+            }
+            hosts.push(SharedHost {
+                address,
+                cost_log,
+                failures,
+                samples: r.u64()?,
+                stamp_ms: r.u64()?,
+                seen_ms: r.u64()?,
+            });
+        }
         if !r.bytes.is_empty() {
             return Err(DecodeError::Corrupt("trailing bytes"));
         }
@@ -196,6 +268,7 @@ impl SharedCluster {
             requests_total,
             hedges_sent_total,
             routes,
+            hosts,
         })
     }
 }
@@ -304,6 +377,9 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn f64(&mut self) -> Result<f64, DecodeError> {
+        Ok(f64::from_le_bytes(self.array()?))
     }
 
     fn sketch(&mut self) -> Result<Sketch, DecodeError> {
@@ -437,6 +513,22 @@ mod tests {
         route.long.merge(1_006_000, &s);
         c.routes.push(route);
         c.routes.push(SharedRoute::new("empty".into(), g));
+        c.hosts.push(SharedHost {
+            address: "10.0.0.7:8080".into(),
+            cost_log: 8.5,
+            failures: 0.25,
+            samples: 420,
+            stamp_ms: 1_006_000,
+            seen_ms: 1_005_800,
+        });
+        c.hosts.push(SharedHost {
+            address: "[fd00::1]:443".into(),
+            cost_log: 7.0,
+            failures: 0.0,
+            samples: 5,
+            stamp_ms: 1_006_000,
+            seen_ms: 1_006_000,
+        });
         c
     }
 

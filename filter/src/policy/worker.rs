@@ -17,6 +17,7 @@ use super::decision::{
     Settlement, Skip,
 };
 use super::hedge_delay::{budget_terms, hedge_delay, trigger_quantile, HedgeDelay};
+use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::routes::Routes;
 use super::shared_state::{
     cluster_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY,
@@ -60,6 +61,17 @@ metric_set! {
         EarlyHedges = ("early_hedges_total", Counter),
         HedgeDelayUs = ("hedge_delay_us", Gauge),
         WindowSamples = ("window_samples", Gauge),
+        /// Requests whose host the filter chose (`host_choice`).
+        HostPicks = ("host_picks_total", Counter),
+        /// Hosts the workers know the cost of (seen within `FORGET_MS`).
+        HostsTracked = ("hosts_tracked", Gauge),
+        HostsOnProbation = ("hosts_on_probation", Gauge),
+        /// Per mille of last tick's responses (this worker) that came from
+        /// the slowest host.
+        SlowestHostShare = ("slowest_host_share_permille", Gauge),
+        /// 1 while the cluster is seen to ignore the host header (no
+        /// `override_host` policy): the filter stops choosing for a while.
+        HostChoiceIgnored = ("host_choice_ignored", Gauge),
     }
 }
 
@@ -115,6 +127,10 @@ pub struct ClusterState {
     shared_bytes: usize,
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
+    /// The cluster's hosts (`host_choice`).
+    hosts: Hosts,
+    hosts_summary: HostsSummary,
+    override_check: OverrideCheck,
 }
 
 impl ClusterState {
@@ -138,7 +154,19 @@ impl ClusterState {
             reset_logged: false,
             shared_bytes: 0,
             routes: Routes::default(),
+            hosts: Hosts::default(),
+            hosts_summary: HostsSummary::default(),
+            override_check: OverrideCheck::default(),
         }
+    }
+
+    /// The cluster's hosts as this worker knows them.
+    pub fn hosts(&self) -> &Hosts {
+        &self.hosts
+    }
+
+    fn chooses_hosts(&self) -> bool {
+        self.policy.host_choice && !self.override_check.ignored()
     }
 
     /// The delay requests are armed with; `None` while warming up.
@@ -159,7 +187,7 @@ impl ClusterState {
             .or(self.hedge_delay)
     }
 
-    fn view(&self, id: ClusterId, route: Option<RouteId>) -> ClusterView<'_> {
+    fn view(&self, id: ClusterId, route: Option<RouteId>, random: u64) -> ClusterView<'_> {
         ClusterView {
             id,
             route,
@@ -168,6 +196,8 @@ impl ClusterState {
             budget: &self.budget,
             sample_turn: self.samples_this_tick < SAMPLES_PER_TICK
                 && self.population_this_tick % self.stride == 0,
+            hosts: self.chooses_hosts().then_some(&self.hosts),
+            random,
         }
     }
 
@@ -193,7 +223,26 @@ impl ClusterState {
         if plan.sample {
             self.samples_this_tick += 1;
         }
+        if let Some(pick) = plan.hosts {
+            self.hosts.track(pick.primary, true);
+            self.metrics.add(ClusterMetric::HostPicks, 1);
+        }
     }
+}
+
+/// What the response of a request tells about its cluster's hosts.
+#[derive(Clone, Copy, Debug)]
+pub struct HostResponse<'a> {
+    /// `upstream.address`: the host whose response the client got.
+    pub address: &'a [u8],
+    /// The response's time, if it was timed and is a success.
+    pub latency_us: Option<u64>,
+    /// A 5xx, or a local reply (reset, connect failure, timeout).
+    pub failed: bool,
+    /// `upstream.request_attempt_count`.
+    pub attempts: Option<u64>,
+    /// The per-try timeout the request was armed with.
+    pub per_try_timeout_ms: Option<u64>,
 }
 
 pub struct Worker {
@@ -206,6 +255,9 @@ pub struct Worker {
     /// Ticks so far, and their period (µs).
     ticks: u64,
     tick_us: u64,
+    /// The host choice's random numbers (SplitMix64 state, stirred with
+    /// the clock on every tick so workers do not draw alike).
+    random: u64,
 }
 
 impl Worker {
@@ -220,7 +272,13 @@ impl Worker {
             registry_full_logged: false,
             ticks: 0,
             tick_us,
+            random: 0,
         }
+    }
+
+    /// Mixes `entropy` (the clock in ns) into the host choice's generator.
+    pub fn stir(&mut self, entropy: u64) {
+        self.random = mix(self.random ^ entropy);
     }
 
     pub fn config(&self) -> &Config {
@@ -261,10 +319,11 @@ impl Worker {
         let route = route
             .filter(|_| max_routes > 0)
             .and_then(|r| state.routes.lookup(r, max_routes));
+        self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let plan = decision::plan(
             request,
             &self.config,
-            Cluster::Tracked(state.view(id, route)),
+            Cluster::Tracked(state.view(id, route, mix(self.random))),
         );
         state.book(&plan, request, self.tick_us);
         plan
@@ -300,6 +359,56 @@ impl Worker {
             if let Some(route) = route {
                 state.routes.add_sample(route, latency_us as f64);
             }
+        }
+    }
+
+    /// What a response says about the cluster's hosts: the winner's
+    /// latency (the primary's lower bound when the hedge won), failures,
+    /// and whether the host the filter named is the one that answered.
+    pub fn on_host_response(
+        &mut self,
+        id: ClusterId,
+        pick: Option<HostPick>,
+        response: HostResponse,
+    ) {
+        let Some(state) = self.clusters.get_mut(id) else {
+            return;
+        };
+        if !state.policy.host_choice {
+            return;
+        }
+        let Some(winner) = state.hosts.find_or_add(response.address) else {
+            return;
+        };
+        let hedged = response.attempts.is_some_and(|a| a >= 2);
+        if response.failed {
+            state.hosts.fail(winner);
+        } else if let Some(latency_us) = response.latency_us {
+            let latency = latency_us as f64;
+            match pick {
+                // the hedge won: it answered `delay` after it started, and
+                // the primary was at least that slow
+                Some(p) if hedged && p.primary != winner => {
+                    let delay_us = response.per_try_timeout_ms.unwrap_or(0) * 1000;
+                    state.hosts.observe(p.primary, latency);
+                    state
+                        .hosts
+                        .observe(winner, latency_us.saturating_sub(delay_us) as f64);
+                }
+                // hedged, but which attempt answered is not known
+                None if hedged => {}
+                _ => state.hosts.observe(winner, latency),
+            }
+        }
+        if let (Some(p), Some(1)) = (pick, response.attempts) {
+            state.override_check.record(p.primary == winner);
+        }
+    }
+
+    /// A request whose host the filter chose ended.
+    pub fn end_pick(&mut self, id: ClusterId, pick: HostPick) {
+        if let Some(state) = self.clusters.get_mut(id) {
+            state.hosts.track(pick.primary, false);
         }
     }
 
@@ -462,6 +571,11 @@ impl Worker {
                     state.policy.max_routes,
                     geometry,
                 );
+                if state.policy.host_choice {
+                    state.hosts.merge_into(&mut shared.hosts, now_ms);
+                } else {
+                    shared.hosts.clear();
+                }
                 shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
                 shared.hedges_sent_total =
                     shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
@@ -499,6 +613,16 @@ impl Worker {
             censored_at,
         )
         .map(|d| state.timer.apply(d, &state.policy));
+        state.hosts_summary = state.hosts.refresh(&shared.value.hosts);
+        if state.override_check.tick(now_ms) {
+            log.log(
+                Level::Warn,
+                &format!(
+                    "cluster \"{}\" does not follow the host header (no override_host load balancing policy?): host choice paused, hedging goes on; set host_choice false for it to stop checking",
+                    state.name
+                ),
+            );
+        }
         let (timer, policy) = (&state.timer, &state.policy);
         state.routes.refresh(
             &shared.value.routes,
@@ -554,9 +678,16 @@ impl Worker {
                 state.hedge_delay.map_or(0, |d| d.delay_us),
                 state.window_samples,
             );
+            let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
             state.metrics.flush(sink, Some(&state.name), |m| match m {
                 ClusterMetric::HedgeDelayUs => Some(delay),
                 ClusterMetric::WindowSamples => Some(samples),
+                ClusterMetric::HostsTracked => Some(hosts.tracked as u64),
+                ClusterMetric::HostsOnProbation => Some(hosts.on_probation as u64),
+                ClusterMetric::SlowestHostShare => {
+                    Some((hosts.slowest_share * 1000.0).round() as u64)
+                }
+                ClusterMetric::HostChoiceIgnored => Some(u64::from(ignored)),
                 _ => None,
             });
             state.routes.flush_metrics(sink, &state.name);
@@ -727,6 +858,7 @@ mod tests {
         upgrade: false,
         client_controls: false,
         client_marker: false,
+        client_endpoint: false,
     };
 
     /// Feeds `n` requests with latency `us` through a worker, as the proxy
@@ -1215,5 +1347,142 @@ mod tests {
         // the learned delay itself is untouched
         let delay = stats.get("adaptive_hedge.hedge_delay_us.c").unwrap();
         assert!((2900..=3100).contains(&delay), "{delay}");
+    }
+
+    /// Requests through a worker to three hosts, as the proxy glue reports
+    /// them: the host that answers is the one named, else (explored) the
+    /// next in round robin; `slow` answers in 20 ms, the others in 2 ms.
+    fn host_traffic(w: &mut Worker, n: usize, slow: usize, round_robin: &mut usize) -> [u64; 3] {
+        let mut arrivals = [0u64; 3];
+        for _ in 0..n {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let Some(id) = plan.cluster else { continue };
+            let host = match &plan.endpoint {
+                Some(e) => e
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .trim_start_matches("h")
+                    .parse()
+                    .unwrap(),
+                None => {
+                    *round_robin += 1;
+                    *round_robin % 3
+                }
+            };
+            arrivals[host] += 1;
+            let latency_us = if host == slow { 20_000 } else { 2_000 };
+            w.on_response(id, plan.route, latency_us);
+            let address = format!("h{host}");
+            w.on_host_response(
+                id,
+                plan.hosts,
+                HostResponse {
+                    address: address.as_bytes(),
+                    latency_us: Some(latency_us),
+                    failed: false,
+                    attempts: Some(1),
+                    per_try_timeout_ms: None,
+                },
+            );
+            if let Some(pick) = plan.hosts {
+                w.end_pick(id, pick);
+            }
+            if let Some(s) = plan.settlement() {
+                w.settle(s, Some(1), None);
+            }
+        }
+        arrivals
+    }
+
+    #[test]
+    fn the_worker_finds_hosts_and_keeps_traffic_off_the_slow_one() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        // until the tick shares what was found, the balancer's round robin
+        let first = host_traffic(&mut w, 60, 2, &mut rr);
+        assert_eq!(first, [20, 20, 20]);
+        w.sync(T0, &store, &mut log);
+        let later = host_traffic(&mut w, 1000, 2, &mut rr);
+        assert!(later[2] <= 15, "the slow host kept {later:?}");
+        w.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        let get = |name: &str| stats.get(&format!("adaptive_hedge.{name}.c")).unwrap();
+        assert_eq!(get("hosts_tracked"), 3);
+        assert_eq!(get("hosts_on_probation"), 1);
+        assert!(get("host_picks_total") >= 950);
+        assert!(get("slowest_host_share_permille") <= 15);
+        assert_eq!(get("host_choice_ignored"), 0);
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        // what this worker learned is in the shared value for the others
+        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let shared =
+            SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30))).unwrap();
+        assert_eq!(shared.hosts.len(), 3);
+        let mut b = Worker::new(config(r#"{"min_samples": 10}"#));
+        traffic(&mut b, "c", 1, 2000);
+        b.sync(T0 + 200, &store, &mut log);
+        b.sync(T0 + 400, &store, &mut log);
+        let hosts = b.cluster(0).unwrap().hosts();
+        assert_eq!(hosts.len(), 3);
+        assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 1);
+    }
+
+    #[test]
+    fn a_cluster_that_ignores_the_host_header_is_logged_once_and_paused() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        host_traffic(&mut w, 60, 2, &mut rr);
+        w.sync(T0, &store, &mut log);
+        // Envoy answers from round robin whatever the header names
+        for _ in 0..40 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
+                continue;
+            };
+            rr += 1;
+            let address = format!("h{}", rr % 3);
+            w.on_host_response(
+                id,
+                Some(pick),
+                HostResponse {
+                    address: address.as_bytes(),
+                    latency_us: Some(2000),
+                    failed: false,
+                    attempts: Some(1),
+                    per_try_timeout_ms: None,
+                },
+            );
+            w.end_pick(id, pick);
+        }
+        w.sync(T0 + 200, &store, &mut log);
+        assert_eq!(log.0.len(), 1, "{:?}", log.0);
+        assert!(log.0[0].contains("does not follow the host header"));
+        assert_eq!(w.plan(Some(b"c"), None, &GET).endpoint, None, "paused");
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.host_choice_ignored.c"), Some(1));
+    }
+
+    #[test]
+    fn host_choice_off_reads_and_shares_no_host() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10, "host_choice": false}"#));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        host_traffic(&mut w, 60, 2, &mut rr);
+        w.sync(T0, &store, &mut log);
+        assert_eq!(host_traffic(&mut w, 300, 2, &mut rr), [100, 100, 100]);
+        w.sync(T0 + 200, &store, &mut log);
+        assert!(w.cluster(0).unwrap().hosts().is_empty());
+        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let shared =
+            SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30))).unwrap();
+        assert!(shared.hosts.is_empty());
     }
 }

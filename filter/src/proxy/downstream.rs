@@ -15,12 +15,16 @@ use crate::policy::config::LatencySignal;
 use crate::policy::decision::{
     unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Strip,
 };
-use crate::policy::worker::Worker;
+use crate::policy::hosts::HostPick;
+use crate::policy::worker::{HostResponse, Worker};
+use std::sync::Arc;
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
 const ROUTE_NAME: &[u8] = b"xds\0route_name";
 const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
 const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
+const UPSTREAM_ADDRESS: &[u8] = b"upstream\0address";
+const RESPONSE_CODE: &[u8] = b"response\0code";
 /// `response.code_details` of a response that came from an upstream (not a
 /// local reply such as no healthy upstream, connect failure or timeout).
 const VIA_UPSTREAM: &[u8] = b"via_upstream";
@@ -35,8 +39,19 @@ pub struct DownstreamRequest<H: Host> {
     trust_client_headers: bool,
     /// Some cluster learns per route: read the route's name.
     learns_routes: bool,
+    /// Some cluster chooses hosts: the header it is written to (and a
+    /// client's copy removed from), and the responses' hosts are read.
+    host_header: Option<Arc<str>>,
     /// Kept only for the debug header.
     decision: Option<Decision>,
+    /// Kept only for the debug header: the host header written.
+    endpoint: Option<String>,
+    /// The request's cluster, if its hosts are learned.
+    host_cluster: Option<ClusterId>,
+    /// The hosts chosen, until the response (or the end) comes.
+    pick: Option<HostPick>,
+    /// The per-try timeout armed with (to time a hedge that won).
+    per_try_timeout_ms: Option<u64>,
     /// The cluster (and route) a latency sample goes to, and when the
     /// request started.
     sample: Option<(ClusterId, Option<RouteId>, u64)>,
@@ -46,7 +61,7 @@ pub struct DownstreamRequest<H: Host> {
 
 impl<H: Host> DownstreamRequest<H> {
     pub fn new(host: H, worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
-        let (signal, debug_header, trust_client_headers, learns_routes) = worker
+        let (signal, debug_header, trust_client_headers, learns_routes, host_header) = worker
             .as_ref()
             .and_then(|w| {
                 let c = w.try_borrow().ok()?;
@@ -56,9 +71,10 @@ impl<H: Host> DownstreamRequest<H> {
                     c.debug_header,
                     c.trust_client_headers,
                     c.learns_routes(),
+                    c.chooses_hosts().then(|| Arc::clone(&c.host_header)),
                 ))
             })
-            .unwrap_or((LatencySignal::Headers, false, false, false));
+            .unwrap_or((LatencySignal::Headers, false, false, false, None));
         DownstreamRequest {
             host,
             worker,
@@ -67,7 +83,12 @@ impl<H: Host> DownstreamRequest<H> {
             debug_header,
             trust_client_headers,
             learns_routes,
+            host_header,
             decision: None,
+            endpoint: None,
+            host_cluster: None,
+            pick: None,
+            per_try_timeout_ms: None,
             sample: None,
             settlement: None,
         }
@@ -106,12 +127,30 @@ impl<H: Host> DownstreamRequest<H> {
             }
         }
         self.strip(plan.strip);
+        if self.host_header.is_some() {
+            self.host_cluster = plan.cluster;
+        }
+        let mut worker = worker;
+        if let (Some(endpoint), Some(name)) = (&plan.endpoint, &self.host_header) {
+            if self
+                .host
+                .set_request_header(name, endpoint.as_bytes())
+                .is_ok()
+            {
+                self.pick = plan.hosts;
+            } else if let (Some(pick), Some(cluster), Some(w)) =
+                (plan.hosts, plan.cluster, worker.as_deref_mut())
+            {
+                w.end_pick(cluster, pick);
+            }
+        }
         if let Decision::Arm(arming) = &plan.decision {
             if self.arm(arming) {
                 self.settlement = plan.settlement();
+                self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
             } else {
                 // Nothing armed may be left behind, and the tokens go back.
-                self.strip(Strip::ALL);
+                self.strip(Strip::ARMING);
                 if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
                     worker.settle(settlement, Some(1), None);
                 }
@@ -119,6 +158,7 @@ impl<H: Host> DownstreamRequest<H> {
         }
         if self.debug_header {
             self.decision = Some(plan.decision);
+            self.endpoint = plan.endpoint;
         }
     }
 
@@ -141,28 +181,79 @@ impl<H: Host> DownstreamRequest<H> {
         if strip.marker {
             let _ = self.host.remove_request_header(FIRST_BYTE_MARKER);
         }
+        if let (true, Some(name)) = (strip.endpoint, &self.host_header) {
+            let _ = self.host.remove_request_header(name);
+        }
     }
 
     /// Settles the armed hedges, once: `upstream.request_attempt_count` says
     /// how many attempts Envoy started.
     /// `latency_us`: the response's, if it was timed (to tell a hedge the
     /// router sent before its delay).
-    fn settle(&mut self, latency_us: Option<u64>) {
+    fn settle(&mut self, attempts: Option<u64>, latency_us: Option<u64>) {
         let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
             return;
         };
-        let attempts = int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok());
         if let Ok(mut worker) = worker.try_borrow_mut() {
             worker.settle(settlement, attempts, latency_us);
         }
     }
 
+    fn attempts(&self) -> Option<u64> {
+        int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok())
+    }
+
+    /// Tells the worker which host answered (a timed or chosen request of
+    /// a cluster that learns its hosts), and ends the pick; once. Returns
+    /// the host's address for the debug header.
+    fn report_host(
+        &mut self,
+        timed: bool,
+        origin: Option<Option<Vec<u8>>>,
+        latency_us: Option<u64>,
+        attempts: Option<u64>,
+    ) -> Option<Vec<u8>> {
+        let cluster = self.host_cluster.take()?;
+        let pick = self.pick.take();
+        let worker = self.worker.clone()?;
+        let mut worker = worker.try_borrow_mut().ok()?;
+        if let Some(pick) = pick {
+            worker.end_pick(cluster, pick);
+        }
+        // two host calls: only for the requests timed anyway (the sampled
+        // ones: every request below ~1,000/s per worker)
+        if !timed && !self.debug_header {
+            return None;
+        }
+        let address = self.host.property(UPSTREAM_ADDRESS).ok().flatten()?;
+        // read once per response: the sample may have read it already
+        let origin =
+            origin.unwrap_or_else(|| self.host.property(RESPONSE_CODE_DETAILS).ok().flatten());
+        let failed = origin.as_deref() != Some(VIA_UPSTREAM)
+            || int_property(&self.host, RESPONSE_CODE).is_some_and(|code| code >= 500);
+        worker.on_host_response(
+            cluster,
+            pick,
+            HostResponse {
+                address: &address,
+                latency_us,
+                failed,
+                attempts,
+                per_try_timeout_ms: self.per_try_timeout_ms,
+            },
+        );
+        Some(address)
+    }
+
     /// Records the latency of an upstream response, once; returns it.
-    fn record_sample(&mut self) -> Option<u64> {
+    /// `origin`: `response.code_details`, read once per response.
+    fn record_sample(&mut self, origin: &mut Option<Option<Vec<u8>>>) -> Option<u64> {
         let (cluster, route, started_ns) = self.sample.take()?;
         // Local replies (no healthy host, connect failure, timeouts) are not
         // the upstream's latency.
-        let origin = self.host.property(RESPONSE_CODE_DETAILS).ok().flatten();
+        let host = &self.host;
+        let origin =
+            origin.get_or_insert_with(|| host.property(RESPONSE_CODE_DETAILS).ok().flatten());
         if origin.as_deref() != Some(VIA_UPSTREAM) {
             return None;
         }
@@ -182,33 +273,66 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         let pairs = self.host.request_header_pairs().ok().flatten();
         let request = pairs
             .as_deref()
-            .and_then(scan)
+            .and_then(|buf| {
+                scan(
+                    buf,
+                    self.host_header.as_deref().unwrap_or_default().as_bytes(),
+                )
+            })
             .unwrap_or(Request::UNREADABLE);
         self.plan_and_carry_out(&request);
         Action::Continue
     }
 
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        let timed = self.sample.is_some();
+        let mut origin = None;
         let latency_us = if self.signal == LatencySignal::Headers || end_of_stream {
-            self.record_sample()
+            self.record_sample(&mut origin)
         } else {
             None
         };
+        // Read once, for the budget and the hosts.
+        let reports_host = self.host_cluster.is_some() && (timed || self.debug_header);
+        let attempts = (self.settlement.is_some() || reports_host)
+            .then(|| self.attempts())
+            .flatten();
         // The router has committed to an attempt: no more hedges will start,
         // and what was not sent goes back to the budget now, not when a long
         // (or streamed) response ends.
-        self.settle(latency_us);
+        self.settle(attempts, latency_us);
+        // In first-byte mode the host is judged on the first byte.
+        let host = if self.signal == LatencySignal::Headers || end_of_stream {
+            self.report_host(timed, origin, latency_us, attempts)
+        } else {
+            None
+        };
         if let (true, Some(decision)) = (self.debug_header, &self.decision) {
-            let _ = self
-                .host
-                .set_response_header(DEBUG_HEADER, decision.describe().as_bytes());
+            let mut text = decision.describe();
+            if let Some(endpoint) = &self.endpoint {
+                text.push_str("; hosts=");
+                text.push_str(endpoint);
+            }
+            if let Some(host) = host.as_deref().and_then(|h| std::str::from_utf8(h).ok()) {
+                text.push_str("; answered=");
+                text.push_str(host);
+            }
+            let _ = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
         }
         Action::Continue
     }
 
     fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
-            let _ = self.record_sample();
+            let timed = self.sample.is_some();
+            let mut origin = None;
+            let latency_us = self.record_sample(&mut origin);
+            if self.host_cluster.is_some() {
+                let attempts = (timed || self.debug_header)
+                    .then(|| self.attempts())
+                    .flatten();
+                let _ = self.report_host(timed, origin, latency_us, attempts);
+            }
         }
         Action::Continue
     }
@@ -216,14 +340,21 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     /// A stream that ends without response headers (a client that went
     /// away) is settled here.
     fn on_log(&mut self) {
-        self.settle(None);
+        self.settle(self.settlement.and_then(|_| self.attempts()), None);
+        if let (Some(cluster), Some(pick), Some(worker)) =
+            (self.host_cluster.take(), self.pick.take(), &self.worker)
+        {
+            if let Ok(mut worker) = worker.try_borrow_mut() {
+                worker.end_pick(cluster, pick);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::{MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON};
+    use crate::headers::{ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON};
     use crate::proxy::fake::{plugin, FakeHost};
     use crate::proxy::root::{Plugin, Stream};
 
@@ -353,8 +484,8 @@ mod tests {
         r.on_response_headers(false);
         assert_eq!(
             host.calls_to("property"),
-            4,
-            "cluster, route, attempts, origin"
+            5,
+            "cluster, route, origin, attempts, the host that answered"
         );
         plugin.on_tick();
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
@@ -502,7 +633,8 @@ mod tests {
         assert_eq!(host.calls_to("set_request_header"), 0);
         assert_eq!(
             host.calls_to("remove_request_header"),
-            CONTROL_HEADERS.len() + 1
+            CONTROL_HEADERS.len() + 2,
+            "the control headers, the marker and the host header"
         );
     }
 
@@ -605,6 +737,98 @@ mod tests {
         assert_eq!(
             host.response_header_text(DEBUG_HEADER).as_deref(),
             Some("skipped; reason=no_worker")
+        );
+    }
+
+    /// One request answered after `latency_ms` by the host the filter
+    /// named, as Envoy's override_host does, else by `address` (the
+    /// balancer's pick); returns the host header the filter wrote.
+    fn answered_by(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        headers: &[(&str, &str)],
+        address: &str,
+        latency_ms: impl Fn(&str) -> u64,
+    ) -> Option<String> {
+        host.request(Some("backend"), headers);
+        let mut r = request(plugin);
+        r.on_request_headers();
+        let written = host.request_header_text(ENDPOINT_HEADER);
+        let address = written
+            .as_deref()
+            .and_then(|w| w.split(',').next())
+            .unwrap_or(address)
+            .to_string();
+        host.advance_ms(latency_ms(&address));
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+        host.set_property(UPSTREAM_ADDRESS, address.as_bytes());
+        r.on_response_headers(false);
+        r.on_log();
+        written
+    }
+
+    #[test]
+    fn the_chosen_hosts_are_written_and_the_answer_attributed() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 10, "debug_header": true}"#);
+        // three hosts, the third 15x slower; round robin until the filter
+        // knows them
+        let ms = |address: &str| if address == "10.0.0.2:80" { 30 } else { 2 };
+        for i in 0..60 {
+            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), ms);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let mut named = 0;
+        for _ in 0..50 {
+            let Some(endpoint) = answered_by(&host, &plugin, GET, "10.0.0.1:80", ms) else {
+                continue; // explored: the balancer's pick
+            };
+            named += 1;
+            assert!(!endpoint.contains("10.0.0.2:80"), "{endpoint}");
+            let primary = endpoint.split(',').next().unwrap();
+            let response = host.response_header_text(DEBUG_HEADER).unwrap();
+            assert!(
+                response.contains(&format!("; hosts={endpoint}; answered={primary}")),
+                "{response}"
+            );
+        }
+        assert!(named >= 45, "{named}");
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hosts_on_probation"), 1);
+        assert_eq!(stat(&host, "hosts_tracked"), 3);
+        // a client's own header: overwritten when the filter chooses...
+        let sent = [(":method", "GET"), (ENDPOINT_HEADER, "10.0.0.2:80")];
+        let written = answered_by(&host, &plugin, &sent, "10.0.0.0:80", ms);
+        assert!(written.is_some_and(|w| !w.contains("10.0.0.2")));
+        // ...and removed when it does not (no cluster to choose in)
+        host.request(None, &sent);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.request_header_text(ENDPOINT_HEADER), None);
+    }
+
+    #[test]
+    fn without_host_choice_no_host_is_read_or_written() {
+        let (host, plugin) = warmed(r#"{"host_choice": false}"#);
+        let sent = [(":method", "GET"), (ENDPOINT_HEADER, "10.0.0.2:80")];
+        host.request(Some("backend"), &sent);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        assert_eq!(
+            host.request_header_text(ENDPOINT_HEADER).as_deref(),
+            Some("10.0.0.2:80"),
+            "not the filter's business: the header is the operator's"
+        );
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        r.on_response_headers(false);
+        assert!(
+            !host
+                .state()
+                .calls
+                .iter()
+                .any(|c| c.contains("upstream.address")),
+            "{:?}",
+            host.state().calls
         );
     }
 }

@@ -31,7 +31,9 @@ pub struct Plugin<H: Host> {
     placement: Rc<Placement>,
 }
 
-/// A context for one HTTP stream, of the plugin's role.
+/// A context for one HTTP stream, of the plugin's role. Moved into a box
+/// at once (`sdk.rs`), one per stream: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Stream<H: Host> {
     Downstream(DownstreamRequest<H>),
     Upstream(UpstreamAttempt<H>),
@@ -103,15 +105,17 @@ impl<H: Host> Plugin<H> {
     }
 
     pub fn on_tick(&mut self) {
-        let Ok(now_ms) = self.host.now_ns().map(|ns| ns / 1_000_000) else {
+        let Ok(now_ns) = self.host.now_ns() else {
             return;
         };
+        let now_ms = now_ns / 1_000_000;
         let mut host = self.host.clone();
         match self.role {
             Role::Downstream => {
                 let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) else {
                     return;
                 };
+                worker.stir(now_ns);
                 worker.sync(now_ms, &self.host, &mut host);
                 worker.flush_metrics(&mut host);
             }

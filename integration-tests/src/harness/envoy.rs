@@ -151,6 +151,24 @@ impl EnvoyOptions {
         self
     }
 
+    /// Adds the fourth upstream host (port 8084, backend-b's) to the
+    /// `backend` cluster, after its third: four hosts behind `/`.
+    pub fn four_backend_hosts(self) -> Self {
+        let (Some(&third), Some(&fourth)) =
+            (self.upstream_ports.get(2), self.upstream_ports.get(3))
+        else {
+            return self;
+        };
+        let line = |port: u16| {
+            format!("- endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}")
+        };
+        let (from, to) = (
+            line(third),
+            format!("{}\n              {}", line(third), line(fourth)),
+        );
+        self.edit(&from, &to)
+    }
+
     /// Makes Envoy treat loopback clients as internal, so that it would obey
     /// their `x-envoy-*` retry headers if the filter did not remove them.
     pub fn trust_loopback_clients(self) -> Self {

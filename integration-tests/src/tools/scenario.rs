@@ -183,6 +183,8 @@ pub struct Report {
     /// Upstream attempts / client requests - 1 (counted by the simulator).
     pub extra_load: f64,
     pub hedges_sent: i64,
+    /// Upstream attempts per simulated host (the plan's order).
+    pub host_arrivals: Vec<u64>,
     /// The learned delay per target's cluster at the end, ms (adaptive only).
     pub learned_delay_ms: Vec<Option<f64>>,
     pub timeline: Vec<TimelinePoint>,
@@ -204,7 +206,13 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
     while ports.len() < 4 {
         ports.push(ports[0]); // the configs name four upstream hosts
     }
+    // a plan whose `/` reaches the fourth host: four hosts behind backend
+    let four = plan
+        .targets
+        .iter()
+        .any(|t| t.cluster == "backend" && t.hosts.contains(&3));
     let envoy = match proxy.options(&ports) {
+        Some(options) if four => Some(Envoy::start(options.four_backend_hosts())?),
         Some(options) => Some(Envoy::start(options)?),
         None => None,
     };
@@ -336,6 +344,7 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         upstream_attempts: counts.arrivals,
         extra_load: counts.arrivals as f64 / requests.max(1) as f64 - 1.0,
         hedges_sent,
+        host_arrivals: sim.counts().iter().map(|c| c.arrivals).collect(),
         learned_delay_ms,
         timeline,
         latency,

@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::{Decision, Request, Settlement, Skip};
+use adaptive_hedge::policy::hosts::HostPick;
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
-use adaptive_hedge::policy::worker::Worker;
+use adaptive_hedge::policy::worker::{HostResponse, Worker};
 use adaptive_hedge::telemetry::{Level, Logger};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -186,6 +187,7 @@ const GET: Request = Request {
     upgrade: false,
     client_controls: false,
     client_marker: false,
+    client_endpoint: false,
 };
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -207,6 +209,24 @@ struct Finished {
     settlement: Option<Settlement>,
     attempts: u64,
     latency_us: u64,
+    /// The hosts the filter chose, the host that answered, the per-try
+    /// timeout (host choice).
+    hosts: Option<(HostPick, usize)>,
+    answered: usize,
+    per_try_timeout_ms: Option<u64>,
+}
+
+/// A simulated host's address, as Envoy would report it.
+fn address(host: usize) -> String {
+    format!("10.0.0.{host}:80")
+}
+
+fn host_of(address: &str) -> Option<usize> {
+    address
+        .strip_prefix("10.0.0.")?
+        .strip_suffix(":80")?
+        .parse()
+        .ok()
 }
 
 /// How requests arrive.
@@ -342,16 +362,18 @@ pub fn run(
                     push(&mut events, t + gap.max(1.0) as u64, Event::Issue(0));
                 }
                 let endpoint = pick_endpoint(&mut rng);
-                let primary_host = next_host % scenario.hosts();
+                // the cluster's balancer: round robin (the filter may name
+                // the host instead, below)
+                let balanced_host = next_host % scenario.hosts();
                 next_host += 1;
                 let t_ms = t as f64 / 1000.0;
-                let primary =
-                    scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
                 // requests alternate between the two workers
                 let wi = (issued % 2) as usize;
-                let (delay_us, settlement, sample) = match policy {
-                    Policy::None => (None, None, None),
-                    Policy::Static { delay_ms } => (Some(delay_ms * 1000.0), None, None),
+                let (delay_us, settlement, sample, pick, named) = match policy {
+                    Policy::None => (None, None, None, None, None),
+                    Policy::Static { delay_ms } => {
+                        (Some(delay_ms * 1000.0), None, None, None, None)
+                    }
                     Policy::Adaptive { .. } => {
                         // endpoints are the cluster's named routes
                         let route = route_names.get(endpoint).map(|n| n.as_bytes());
@@ -364,30 +386,44 @@ pub fn run(
                                     .cluster
                                     .filter(|_| plan.sample)
                                     .map(|c| (c, plan.route));
+                                // what override_host does with the header
+                                let named: Option<(usize, Option<usize>)> =
+                                    plan.endpoint.as_deref().and_then(|e| {
+                                        let mut it = e.split(',');
+                                        let primary = host_of(it.next()?)?;
+                                        Some((primary, it.next().and_then(host_of)))
+                                    });
                                 match &plan.decision {
                                     Decision::Arm(a) => (
                                         Some(a.per_try_timeout_ms as f64 * 1000.0),
                                         plan.settlement(),
                                         sample,
+                                        plan.hosts.zip(plan.cluster),
+                                        named,
                                     ),
                                     Decision::Skip(skip) => {
                                         if *skip == Skip::BudgetExhausted {
                                             budget_exhausted += 1;
                                         }
-                                        (None, None, sample)
+                                        (None, None, sample, plan.hosts.zip(plan.cluster), named)
                                     }
                                 }
                             }
-                            None => (None, None, None),
+                            None => (None, None, None, None, None),
                         }
                     }
                 };
-                let (elapsed, attempts) = match delay_us {
+                let primary_host = named.map_or(balanced_host, |(p, _)| p);
+                let primary =
+                    scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
+                let (elapsed, attempts, answered) = match delay_us {
                     Some(d) if primary > d => {
-                        // the hedge goes to another host
-                        let other =
+                        // the hedge goes to the host named second, else to
+                        // another host (previous_hosts)
+                        let other = named.and_then(|(_, h)| h).unwrap_or_else(|| {
                             (primary_host + 1 + hedge_rng.gen_range(0..scenario.hosts() - 1))
-                                % scenario.hosts();
+                                % scenario.hosts()
+                        });
                         let hedge = scenario.endpoint_sample_us(
                             other,
                             endpoint,
@@ -395,9 +431,13 @@ pub fn run(
                             total_ms,
                             &mut hedge_rng,
                         );
-                        (primary.min(d + hedge), 2)
+                        if d + hedge < primary {
+                            (d + hedge, 2, other)
+                        } else {
+                            (primary, 2, primary_host)
+                        }
                     }
-                    _ => (primary, 1),
+                    _ => (primary, 1, primary_host),
                 };
                 let elapsed = elapsed.max(1.0) as u64;
                 push(
@@ -411,6 +451,9 @@ pub fn run(
                         settlement,
                         attempts,
                         latency_us: elapsed,
+                        hosts: pick,
+                        answered,
+                        per_try_timeout_ms: delay_us.map(|d| (d / 1000.0) as u64),
                     }),
                 );
             }
@@ -422,6 +465,9 @@ pub fn run(
                 settlement,
                 attempts,
                 latency_us: elapsed,
+                hosts: pick,
+                answered,
+                per_try_timeout_ms,
             }) => {
                 done += 1;
                 hedges += attempts - 1;
@@ -433,6 +479,22 @@ pub fn run(
                     // as the filter: a latency sample when the plan said so
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
+                        // as the filter: the host that answered a timed request
+                        let answered = address(answered);
+                        w.on_host_response(
+                            cluster,
+                            pick.map(|(p, _)| p),
+                            HostResponse {
+                                address: answered.as_bytes(),
+                                latency_us: Some(elapsed),
+                                failed: false,
+                                attempts: Some(attempts),
+                                per_try_timeout_ms,
+                            },
+                        );
+                    }
+                    if let Some((pick, cluster)) = pick {
+                        w.end_pick(cluster, pick);
                     }
                     if let Some(settlement) = settlement {
                         w.settle(settlement, Some(attempts), Some(elapsed));

@@ -72,10 +72,29 @@ pub const PRIMING_CONNECTIONS: usize = 32;
 /// The filter's debug header (`armed; delay_ms=..` or `skipped; reason=..`),
 /// or "" when there is none.
 pub fn decision(reply: &load::Reply) -> &str {
-    reply
+    let header = reply
         .headers
         .get("x-adaptive-hedge")
-        .map_or("", String::as_str)
+        .map_or("", String::as_str);
+    // the host attribution that may follow is not the decision
+    header
+        .split("; hosts=")
+        .next()
+        .unwrap_or_default()
+        .split("; answered=")
+        .next()
+        .unwrap_or_default()
+}
+
+/// The host attribution of the debug header: the hosts the filter named
+/// (`primary[,hedge]`, if it chose) and the host that answered.
+pub fn hosts_of(reply: &load::Reply) -> (Option<&str>, Option<&str>) {
+    let header = reply
+        .headers
+        .get("x-adaptive-hedge")
+        .map_or("", String::as_str);
+    let field = |name: &str| header.split("; ").find_map(|part| part.strip_prefix(name));
+    (field("hosts="), field("answered="))
 }
 
 /// The learned delay of a cluster in milliseconds (from the gauge, once a

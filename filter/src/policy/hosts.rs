@@ -1,0 +1,840 @@
+//! Where a request goes: the hosts of one cluster as one worker knows them,
+//! and the choice of the primary's host and the hedge's.
+//!
+//! Why: a delay per cluster cannot help when one host is the problem. The
+//! cluster's balancer (round robin) keeps sending that host its share, and
+//! Envoy's `previous_hosts` only keeps the hedge off the primary's host, not
+//! off the slow one. A filter can choose through Envoy's `override_host`
+//! load-balancing policy: a request header names `primary,hedge` (one entry
+//! per attempt); after the list, or for an address Envoy does not know, the
+//! cluster's fallback policy picks.
+//!
+//! - **Cost per host: a peak-sensitive EWMA of log latency.** A sample
+//!   above the cost pulls it up by `RISE` of the gap, one below pulls it
+//!   down by `FALL` (`RISE` = 4 x `FALL`): a host that turns slow is seen
+//!   within a few responses, and must stay fast for a while to be trusted
+//!   again. Why not the textbook Peak-EWMA (a sample above the cost
+//!   replaces it): with 5% stragglers at 10x on every host, each host sees
+//!   a straggler every few hundred ms and every cost sits at the straggler
+//!   latency, so a host 20 ms slower on every request looks like the
+//!   others. In log space a straggler moves the cost by a share of its
+//!   ratio, not of its size; the cost settles at the 80% expectile of
+//!   the host's log latency. Small gains (1/16, 1/64 of the gap) keep the
+//!   noise of hosts that only differ by chance under `PROBATION_FACTOR`
+//!   (simulated: under 2x the median over 300 ticks, at 2 to 100
+//!   responses per tick).
+//! - **Score** = exp(cost) x (in flight + 1) x (1 + failures): a host's
+//!   expected wait if sent one more request (brpc's and Finagle's form);
+//!   failures (5xx, resets, local replies) count as slowness, decaying with
+//!   `FAILURE_DECAY_MS`.
+//! - **Choice: power of `choices` random choices** by score for the primary
+//!   (2 avoids a slow host nearly always without herding every worker onto
+//!   the one host that looks best), and the best other host for the hedge:
+//!   the hedge exists because the primary may be slow; it must go where the
+//!   latency is lowest now.
+//! - **Discovery** from what Envoy reports (`upstream.address`): no
+//!   property lists a cluster's hosts. A share of requests (`EXPLORE_SHARE`)
+//!   is left to the cluster's balancer, so new hosts are found and a host
+//!   on probation is measured again.
+//! - **Probation** (the Tail at Scale's latency-induced probation): a host
+//!   whose score is `PROBATION_FACTOR` times the median host's gets only
+//!   the exploration share, never more than half the hosts at once (the
+//!   slowest first; Envoy's panic threshold plays the same part): if most
+//!   hosts are slow, the slowness is the cluster's, and the delay, not the
+//!   host choice, is the answer.
+//! - **All workers together**: each worker moves its local costs with its
+//!   own responses between ticks and, on the tick, adds what it moved (the
+//!   difference from the shared cost it started from) to the shared value
+//!   under the cluster's compare-and-swap, then starts again from the
+//!   shared costs. Nothing shared is touched per request.
+//! - **Ageing**: a host not heard from for `FORGET_MS` (removed from the
+//!   cluster, or no longer answering) is dropped. Override picks ignore
+//!   Envoy's health: an ejected or unhealthy host named in the header still
+//!   gets the request, so the filter must not name it. Outlier detection
+//!   ejects for errors, and errors put a host on probation here at once;
+//!   a host that fails active health checks while still answering requests
+//!   well is not seen (no property tells a filter a host's health).
+
+use super::shared_state::{SharedHost, MAX_HOSTS, MAX_HOST_ADDRESS};
+
+/// Share of the gap a sample above the cost closes.
+pub const RISE: f64 = 1.0 / 16.0;
+/// Share of the gap a sample below the cost closes.
+pub const FALL: f64 = 1.0 / 64.0;
+/// Requests left to the cluster's own balancer: discovery and recovery.
+pub const EXPLORE_SHARE: f64 = 0.01;
+/// A host this many times slower (by score) than the median host is on
+/// probation.
+pub const PROBATION_FACTOR: f64 = 2.5;
+/// Hosts not heard from for this long are forgotten (ms).
+pub const FORGET_MS: u64 = 10_000;
+/// A failure's weight halves in about this long (ms; the time constant).
+pub const FAILURE_DECAY_MS: f64 = 5_000.0;
+/// Samples a host needs before it is chosen by score (before that, the
+/// cluster's balancer sends it its share, which measures it).
+pub const MIN_HOST_SAMPLES: u64 = 5;
+
+/// A host's index in its cluster's table: stable while a request that
+/// named it is in flight.
+pub type HostId = usize;
+
+/// The hosts chosen for a request: the primary's, and the hedge's if it
+/// is armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPick {
+    pub primary: HostId,
+    pub hedge: Option<HostId>,
+}
+
+/// One upstream host as this worker knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Host {
+    /// Exactly as Envoy reports it in `upstream.address` ("10.0.0.7:8080").
+    pub address: String,
+    /// ln(latency in µs), peak-sensitive EWMA.
+    cost_log: f64,
+    /// The shared cost this worker started from at the last tick, if the
+    /// host was in the shared value then.
+    base_log: Option<f64>,
+    /// Decaying count of failures (shared, as of the last tick, plus this
+    /// worker's since).
+    failures: f64,
+    new_failures: f64,
+    samples: u64,
+    new_samples: u64,
+    /// Requests this worker sent it by choice that have not ended.
+    pub in_flight: u32,
+    /// Responses attributed to it since the last tick (this worker).
+    responses_this_tick: u32,
+    pub probation: bool,
+    /// Not in the shared value any more: not chosen; its slot is reused
+    /// once nothing in flight names it.
+    gone: bool,
+}
+
+impl Host {
+    fn new(address: String) -> Self {
+        Host {
+            address,
+            cost_log: 0.0,
+            base_log: None,
+            failures: 0.0,
+            new_failures: 0.0,
+            samples: 0,
+            new_samples: 0,
+            in_flight: 0,
+            responses_this_tick: 0,
+            probation: false,
+            gone: false,
+        }
+    }
+
+    fn observe(&mut self, latency_us: f64) {
+        let l = latency_us.max(1.0).ln();
+        if self.samples == 0 {
+            self.cost_log = l;
+        } else {
+            let gain = if l > self.cost_log { RISE } else { FALL };
+            self.cost_log += gain * (l - self.cost_log);
+        }
+        self.samples = self.samples.saturating_add(1);
+        self.new_samples = self.new_samples.saturating_add(1);
+        self.responses_this_tick = self.responses_this_tick.saturating_add(1);
+    }
+
+    /// Starts again from the shared value.
+    fn update_from(&mut self, shared: &SharedHost) {
+        self.gone = false;
+        self.cost_log = shared.cost_log;
+        self.base_log = Some(shared.cost_log);
+        self.failures = shared.failures;
+        self.new_failures = 0.0;
+        self.samples = shared.samples;
+        self.new_samples = 0;
+    }
+
+    /// The latency estimate (µs).
+    pub fn cost_us(&self) -> f64 {
+        self.cost_log.exp()
+    }
+
+    /// Slowness without the load: what probation compares.
+    fn slowness(&self) -> f64 {
+        self.cost_us() * (1.0 + self.failures + self.new_failures)
+    }
+
+    /// The expected wait if sent one more request.
+    pub fn score(&self) -> f64 {
+        self.slowness() * f64::from(self.in_flight.saturating_add(1))
+    }
+
+    /// Chosen by score only once in the shared value (all workers choose
+    /// from the same hosts) with `MIN_HOST_SAMPLES`; until then the
+    /// cluster's balancer measures it.
+    fn known(&self) -> bool {
+        self.samples >= MIN_HOST_SAMPLES && !self.gone && self.base_log.is_some()
+    }
+}
+
+/// The hosts of one cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Hosts {
+    hosts: Vec<Host>,
+}
+
+/// What the tick found, for the cluster's gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostsSummary {
+    pub tracked: usize,
+    pub on_probation: usize,
+    /// Share of the responses attributed this tick that came from the
+    /// slowest tracked host (0 without responses).
+    pub slowest_share: f64,
+}
+
+impl Hosts {
+    pub fn get(&self, id: HostId) -> Option<&Host> {
+        self.hosts.get(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.hosts.iter().filter(|h| !h.gone).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The hosts in the shared value (not forgotten).
+    pub fn iter_known(&self) -> impl Iterator<Item = &Host> {
+        self.hosts.iter().filter(|h| !h.gone)
+    }
+
+    /// The host Envoy reported, added if new (`None` for an empty or
+    /// too long address, or a full table).
+    pub fn find_or_add(&mut self, address: &[u8]) -> Option<HostId> {
+        if let Some(id) = self
+            .hosts
+            .iter()
+            .position(|h| h.address.as_bytes() == address)
+        {
+            if let Some(h) = self.hosts.get_mut(id) {
+                h.gone = false;
+            }
+            return Some(id);
+        }
+        if address.is_empty() || address.len() > MAX_HOST_ADDRESS {
+            return None;
+        }
+        let address = std::str::from_utf8(address).ok()?.to_string();
+        // a slot of a forgotten host nothing names any more
+        if let Some(id) = self.hosts.iter().position(|h| h.gone && h.in_flight == 0) {
+            if let Some(slot) = self.hosts.get_mut(id) {
+                *slot = Host::new(address);
+            }
+            return Some(id);
+        }
+        if self.hosts.len() >= 2 * MAX_HOSTS {
+            return None;
+        }
+        self.hosts.push(Host::new(address));
+        Some(self.hosts.len() - 1)
+    }
+
+    /// A response from `id` after `latency_us` (or a lower bound on it: a
+    /// primary that lost to its hedge was at least that slow).
+    pub fn observe(&mut self, id: HostId, latency_us: f64) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.observe(latency_us);
+        }
+    }
+
+    /// A failure of `id`: a 5xx, a reset, a connect failure, a timeout.
+    pub fn fail(&mut self, id: HostId) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.new_failures += 1.0;
+            h.responses_this_tick = h.responses_this_tick.saturating_add(1);
+        }
+    }
+
+    /// A chosen request started (`true`) or ended on its primary.
+    pub fn track(&mut self, primary: HostId, started: bool) {
+        if let Some(h) = self.hosts.get_mut(primary) {
+            h.in_flight = if started {
+                h.in_flight.saturating_add(1)
+            } else {
+                h.in_flight.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Under the compare-and-swap of the cluster's value (may run more than
+    /// once, so it reads `self` only): forgets silent hosts, adds what this
+    /// worker learned since the last tick.
+    pub fn merge_into(&self, shared: &mut Vec<SharedHost>, now_ms: u64) {
+        shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS);
+        for s in shared.iter_mut() {
+            s.failures *= failure_keep(s.stamp_ms, now_ms);
+            s.stamp_ms = s.stamp_ms.max(now_ms);
+        }
+        for local in self
+            .hosts
+            .iter()
+            .filter(|h| h.new_samples > 0 || h.new_failures > 0.0)
+        {
+            let slot = match shared.iter().position(|s| s.address == local.address) {
+                Some(i) => shared.get_mut(i),
+                None if shared.len() < MAX_HOSTS => {
+                    shared.push(SharedHost {
+                        address: local.address.clone(),
+                        cost_log: local.cost_log,
+                        failures: 0.0,
+                        samples: 0,
+                        stamp_ms: now_ms,
+                        seen_ms: now_ms,
+                    });
+                    shared.last_mut()
+                }
+                None => None,
+            };
+            let Some(s) = slot else { continue };
+            if local.new_samples > 0 {
+                // this worker's movement since it last read the shared cost;
+                // a host it found since then: its cost, weighed by samples
+                s.cost_log = match local.base_log {
+                    Some(base) if s.samples > 0 => s.cost_log + (local.cost_log - base),
+                    _ => {
+                        let (old, new) = (s.samples as f64, local.new_samples as f64);
+                        (s.cost_log * old + local.cost_log * new) / (old + new)
+                    }
+                };
+            }
+            s.samples = s.samples.saturating_add(local.new_samples);
+            s.failures += local.new_failures;
+            s.seen_ms = now_ms;
+        }
+    }
+
+    /// After the shared value was written: every worker starts again from
+    /// the shared costs; probation from them. Returns the tick's summary.
+    pub fn refresh(&mut self, shared: &[SharedHost]) -> HostsSummary {
+        let responses: u32 = self.hosts.iter().map(|h| h.responses_this_tick).sum();
+        for h in self.hosts.iter_mut() {
+            h.gone = true;
+        }
+        // the hosts known here keep their slots; then the new ones (which
+        // may take a slot of a host gone from the shared value)
+        let mut new = Vec::new();
+        for s in shared {
+            match self.hosts.iter_mut().find(|h| h.address == s.address) {
+                Some(h) => h.update_from(s),
+                None => new.push(s),
+            }
+        }
+        for s in new {
+            if let Some(h) = self
+                .find_or_add(s.address.as_bytes())
+                .and_then(|id| self.hosts.get_mut(id))
+            {
+                h.update_from(s);
+            }
+        }
+        let slowest = self
+            .hosts
+            .iter()
+            .filter(|h| h.known())
+            .max_by(|a, b| a.slowness().total_cmp(&b.slowness()))
+            .map_or(0, |h| h.responses_this_tick);
+        let on_probation = self.set_probation();
+        for h in self.hosts.iter_mut() {
+            h.responses_this_tick = 0;
+        }
+        HostsSummary {
+            tracked: self.len(),
+            on_probation,
+            slowest_share: if responses == 0 {
+                0.0
+            } else {
+                f64::from(slowest) / f64::from(responses)
+            },
+        }
+    }
+
+    /// Puts on probation the hosts far slower than the median (at most half).
+    fn set_probation(&mut self) -> usize {
+        for h in self.hosts.iter_mut() {
+            h.probation = false;
+        }
+        let mut ranked: Vec<(f64, HostId)> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.known())
+            .map(|(i, h)| (h.slowness(), i))
+            .collect();
+        if ranked.len() < 2 {
+            return 0;
+        }
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // the lower median: of two hosts, the faster one
+        let median = ranked.get((ranked.len() - 1) / 2).map_or(0.0, |r| r.0);
+        let mut on_probation = 0;
+        for &(slowness, i) in ranked.iter().rev().take(ranked.len() / 2) {
+            if median > 0.0 && slowness > PROBATION_FACTOR * median {
+                if let Some(h) = self.hosts.get_mut(i) {
+                    h.probation = true;
+                    on_probation += 1;
+                }
+            }
+        }
+        on_probation
+    }
+
+    /// The primary's host and the hedge's, or `None` to leave the request
+    /// to the cluster's balancer. `random`: a fresh random number per
+    /// request (the worker's generator; this stays pure).
+    pub fn choose(&self, choices: usize, random: u64, want_hedge: bool) -> Option<HostPick> {
+        // the exploration share: the top 24 bits decide
+        if ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64 {
+            return None;
+        }
+        let eligible = || {
+            self.hosts
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.known() && !h.probation)
+        };
+        let count = eligible().count();
+        if count < 2 {
+            return None;
+        }
+        // `choices` distinct draws among the eligible hosts: the k-th draw
+        // takes the j-th eligible host not drawn before (a partial
+        // Fisher-Yates without a buffer: at most 4 draws)
+        let mut drawn = [usize::MAX; 4];
+        let mut state = random;
+        let mut primary: Option<(f64, HostId)> = None;
+        for k in 0..choices.clamp(1, 4).min(count) {
+            state = mix(state);
+            let mut j = (state % (count - k) as u64) as usize;
+            let pick = eligible().map(|(i, _)| i).find(|i| {
+                if drawn.contains(i) {
+                    return false;
+                }
+                if j == 0 {
+                    return true;
+                }
+                j -= 1;
+                false
+            });
+            let Some(id) = pick else { break };
+            if let Some(slot) = drawn.get_mut(k) {
+                *slot = id;
+            }
+            let score = self.hosts.get(id).map_or(f64::INFINITY, Host::score);
+            if primary.map_or(true, |(best, _)| score < best) {
+                primary = Some((score, id));
+            }
+        }
+        let (_, primary) = primary?;
+        let hedge = if want_hedge {
+            eligible()
+                .filter(|&(i, _)| i != primary)
+                .min_by(|a, b| a.1.score().total_cmp(&b.1.score()))
+                .map(|(i, _)| i)
+        } else {
+            None
+        };
+        Some(HostPick { primary, hedge })
+    }
+
+    /// The override header's value for `pick`: `primary[,hedge]`.
+    pub fn header_value(&self, pick: HostPick) -> Option<String> {
+        let primary = self.hosts.get(pick.primary)?;
+        Some(match pick.hedge.and_then(|h| self.hosts.get(h)) {
+            Some(hedge) => format!("{},{}", primary.address, hedge.address),
+            None => primary.address.clone(),
+        })
+    }
+}
+
+/// Single-attempt responses checked before judging whether a cluster
+/// follows the host header.
+pub const OVERRIDE_CHECKS: u32 = 20;
+/// How long host choice pauses on a cluster that ignores the header before
+/// it is checked again (its config may change with xDS).
+pub const OVERRIDE_RETRY_MS: u64 = 60_000;
+
+/// Whether a cluster follows the host header: without the `override_host`
+/// policy Envoy ignores it (harmless: its balancer picks), and the filter
+/// should say so and stop paying for the choice. A named primary that did
+/// not answer a single-attempt request was not followed; more than a
+/// quarter of misses (a cluster of 2 hosts ignoring the header misses
+/// half) is a cluster that ignores it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OverrideCheck {
+    checks: u32,
+    misses: u32,
+    ignored_since_ms: Option<u64>,
+    logged: bool,
+}
+
+impl OverrideCheck {
+    pub fn record(&mut self, followed: bool) {
+        self.checks = self.checks.saturating_add(1);
+        if !followed {
+            self.misses = self.misses.saturating_add(1);
+        }
+    }
+
+    pub fn ignored(&self) -> bool {
+        self.ignored_since_ms.is_some()
+    }
+
+    /// On the tick: judges the checks made; true the first time a cluster
+    /// is found to ignore the header (to log it once).
+    pub fn tick(&mut self, now_ms: u64) -> bool {
+        if let Some(since) = self.ignored_since_ms {
+            if now_ms.saturating_sub(since) >= OVERRIDE_RETRY_MS {
+                *self = OverrideCheck {
+                    logged: self.logged,
+                    ..OverrideCheck::default()
+                };
+            }
+            return false;
+        }
+        if self.checks < OVERRIDE_CHECKS {
+            return false;
+        }
+        let ignored = self.misses.saturating_mul(4) > self.checks;
+        self.checks = 0;
+        self.misses = 0;
+        if !ignored {
+            return false;
+        }
+        self.ignored_since_ms = Some(now_ms);
+        let first = !self.logged;
+        self.logged = true;
+        first
+    }
+}
+
+/// The weight a failure keeps from `stamp_ms` to `now_ms`.
+fn failure_keep(stamp_ms: u64, now_ms: u64) -> f64 {
+    (-(now_ms.saturating_sub(stamp_ms) as f64) / FAILURE_DECAY_MS).exp()
+}
+
+/// SplitMix64's finaliser: one well-mixed draw per step.
+pub fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    /// Hosts measured at `latencies_us`, forty samples apiece, shared
+    /// and refreshed (one tick).
+    fn measured(latencies_us: &[f64]) -> Hosts {
+        measured_with(latencies_us).0
+    }
+
+    fn measured_with(latencies_us: &[f64]) -> (Hosts, Vec<SharedHost>) {
+        let mut hosts = Hosts::default();
+        for (i, &us) in latencies_us.iter().enumerate() {
+            let id = hosts
+                .find_or_add(format!("10.0.0.{i}:80").as_bytes())
+                .unwrap();
+            for _ in 0..40 {
+                hosts.observe(id, us);
+            }
+        }
+        let mut shared = Vec::new();
+        hosts.merge_into(&mut shared, T0);
+        hosts.refresh(&shared);
+        (hosts, shared)
+    }
+
+    /// Draws from a host: lognormal-ish around `median_us` (a fixed
+    /// spread), `straggler` of them 10x.
+    fn draw(state: &mut u64, median_us: f64, straggler: f64) -> f64 {
+        *state = mix(*state);
+        let u = (*state >> 11) as f64 / (1u64 << 53) as f64;
+        *state = mix(*state);
+        let v = (*state >> 11) as f64 / (1u64 << 53) as f64;
+        let spread = (0.8 * (u - 0.5)).exp();
+        median_us * spread * if v < straggler { 10.0 } else { 1.0 }
+    }
+
+    #[test]
+    fn the_cost_rises_fast_and_falls_slowly() {
+        let mut hosts = measured(&[1000.0]);
+        for _ in 0..32 {
+            hosts.observe(0, 3000.0);
+        }
+        let up = hosts.get(0).unwrap().cost_us();
+        assert!(up > 2500.0, "32 responses 3x slower: {up}");
+        for _ in 0..32 {
+            hosts.observe(0, 1000.0);
+        }
+        let down = hosts.get(0).unwrap().cost_us();
+        assert!(down > 1500.0, "32 fast ones later, still wary: {down}");
+        for _ in 0..400 {
+            hosts.observe(0, 1000.0);
+        }
+        assert!(hosts.get(0).unwrap().cost_us() < 1050.0);
+    }
+
+    /// The estimator against stragglers, over many ticks of random
+    /// traffic: hosts with 5% stragglers are never put on probation; one
+    /// 20 ms slower nearly always is; one with 30% stragglers is the
+    /// costliest nearly always (p2c and the hedge avoid it), though not
+    /// always far enough for probation.
+    #[test]
+    fn probation_tells_a_bad_host_from_ordinary_stragglers() {
+        for (bad_median, bad_stragglers) in [(5_000.0, 0.30), (25_000.0, 0.05)] {
+            let mut hosts = Hosts::default();
+            let mut shared = Vec::new();
+            let mut state = 42u64;
+            let (mut bad_ticks, mut costliest_ticks, mut false_ticks) = (0, 0, 0);
+            for tick in 0..300u64 {
+                for _ in 0..25 {
+                    for i in 0..4 {
+                        let (median, stragglers) = if i == 3 {
+                            (bad_median, bad_stragglers)
+                        } else {
+                            (5_000.0, 0.05)
+                        };
+                        let id = hosts.find_or_add(format!("h{i}").as_bytes()).unwrap();
+                        hosts.observe(id, draw(&mut state, median, stragglers));
+                    }
+                }
+                hosts.merge_into(&mut shared, T0 + tick * 200);
+                let summary = hosts.refresh(&shared);
+                if tick >= 10 {
+                    bad_ticks += usize::from(hosts.get(3).unwrap().probation);
+                    let bad_cost = hosts.get(3).unwrap().cost_us();
+                    costliest_ticks +=
+                        usize::from((0..3).all(|i| hosts.get(i).unwrap().cost_us() < bad_cost));
+                    false_ticks +=
+                        summary.on_probation - usize::from(hosts.get(3).unwrap().probation);
+                }
+            }
+            assert!(
+                costliest_ticks >= 270,
+                "{bad_median}: bad host costliest {costliest_ticks} of 290 ticks"
+            );
+            if bad_median > 5_000.0 {
+                assert!(
+                    bad_ticks >= 280,
+                    "{bad_median}: bad host on probation {bad_ticks} of 290 ticks"
+                );
+            }
+            assert_eq!(false_ticks, 0, "{bad_median}: good hosts put on probation");
+        }
+    }
+
+    #[test]
+    fn the_slow_host_is_never_chosen_and_never_the_hedge() {
+        let hosts = measured(&[1000.0, 1100.0, 900.0, 21_000.0]);
+        assert!(hosts.get(3).unwrap().probation);
+        let mut to_slow = 0;
+        let mut chosen = 0;
+        let mut state = 7u64;
+        for _ in 0..10_000 {
+            state = mix(state);
+            if let Some(pick) = hosts.choose(2, state, true) {
+                chosen += 1;
+                to_slow += usize::from(pick.primary == 3);
+                assert_ne!(pick.hedge, Some(3));
+                assert_ne!(pick.hedge, Some(pick.primary));
+                assert!(pick.hedge.is_some());
+            }
+        }
+        assert_eq!(to_slow, 0, "on probation: exploration traffic only");
+        let explored = 10_000 - chosen;
+        assert!(
+            (50..150).contains(&explored),
+            "about 1% explored: {explored}"
+        );
+    }
+
+    #[test]
+    fn without_probation_two_choices_avoid_the_slowest() {
+        // 2x slower: not on probation, but p2c never picks it over another
+        let hosts = measured(&[1000.0, 1000.0, 1000.0, 2000.0]);
+        assert!(!hosts.get(3).unwrap().probation);
+        let mut to_slow = 0;
+        let mut state = 11u64;
+        for _ in 0..10_000 {
+            state = mix(state);
+            if let Some(pick) = hosts.choose(2, state, false) {
+                to_slow += usize::from(pick.primary == 3);
+                assert_eq!(pick.hedge, None);
+            }
+        }
+        assert_eq!(to_slow, 0);
+    }
+
+    #[test]
+    fn in_flight_spreads_the_load_over_equal_hosts() {
+        let mut hosts = measured(&[1000.0, 1000.0, 1000.0]);
+        let mut counts = [0usize; 3];
+        let mut state = 3u64;
+        for _ in 0..3000 {
+            state = mix(state);
+            if let Some(pick) = hosts.choose(2, state, false) {
+                counts[pick.primary] += 1;
+                hosts.track(pick.primary, true);
+            }
+        }
+        for c in counts {
+            assert!((800..1200).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn failures_count_as_slowness_and_fade() {
+        let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
+        for _ in 0..5 {
+            hosts.fail(2);
+        }
+        hosts.merge_into(&mut shared, T0);
+        assert_eq!(hosts.refresh(&shared).on_probation, 1);
+        assert!(hosts.get(2).unwrap().probation);
+        // twenty seconds later (answering well) it is back
+        for t in 1..=100 {
+            for id in 0..4 {
+                hosts.observe(id, 1000.0);
+            }
+            hosts.merge_into(&mut shared, T0 + t * 200);
+            hosts.refresh(&shared);
+        }
+        assert!(!hosts.get(2).unwrap().probation);
+    }
+
+    #[test]
+    fn never_more_than_half_on_probation_and_few_hosts_mean_no_choice() {
+        let hosts = measured(&[1000.0, 50_000.0, 60_000.0, 70_000.0]);
+        assert!(
+            (0..4).all(|i| !hosts.get(i).unwrap().probation),
+            "the median itself is slow: the cluster is"
+        );
+        let two = measured(&[1000.0, 50_000.0]);
+        assert!(two.get(1).unwrap().probation);
+        assert_eq!(
+            two.choose(2, 1 << 63, true),
+            None,
+            "one eligible host: the balancer's"
+        );
+    }
+
+    /// Two workers learn together: what each saw reaches the other at the
+    /// tick, and neither's movement is lost.
+    #[test]
+    fn workers_share_their_costs_on_the_tick() {
+        let (mut a, mut b) = (Hosts::default(), Hosts::default());
+        let mut shared = Vec::new();
+        let x = a.find_or_add(b"x:80").unwrap();
+        for _ in 0..20 {
+            a.observe(x, 1000.0);
+        }
+        a.merge_into(&mut shared, T0);
+        a.refresh(&shared);
+        b.merge_into(&mut shared, T0);
+        b.refresh(&shared);
+        let bx = b.find_or_add(b"x:80").unwrap();
+        assert!((b.get(bx).unwrap().cost_us() - 1000.0).abs() < 1.0);
+        // both see it turn slow; together the cost moves further than either alone
+        for _ in 0..4 {
+            a.observe(x, 8000.0);
+            b.observe(bx, 8000.0);
+        }
+        let alone = a.get(x).unwrap().cost_us();
+        a.merge_into(&mut shared, T0 + 200);
+        b.merge_into(&mut shared, T0 + 200);
+        b.refresh(&shared);
+        let together = b.get(bx).unwrap().cost_us();
+        assert!(together > alone * 1.2, "{together} vs {alone}");
+        assert_eq!(shared.first().unwrap().samples, 28);
+    }
+
+    #[test]
+    fn silent_hosts_are_forgotten_and_the_table_is_bounded() {
+        let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0]);
+        hosts.observe(0, 1000.0);
+        hosts.merge_into(&mut shared, T0 + FORGET_MS - 1);
+        hosts.observe(0, 1000.0);
+        hosts.merge_into(&mut shared, T0 + FORGET_MS + 1);
+        assert_eq!(hosts.refresh(&shared).tracked, 1);
+        assert!(hosts.get(1).unwrap().gone);
+        // its slot goes to the next new host once nothing names it
+        hosts.track(1, true);
+        assert_eq!(hosts.find_or_add(b"new:80"), Some(2));
+        hosts.track(1, false);
+        assert_eq!(hosts.find_or_add(b"newer:80"), Some(1));
+        let mut many = Hosts::default();
+        for i in 0..(3 * MAX_HOSTS) {
+            many.find_or_add(format!("10.1.{}.{}:80", i / 256, i % 256).as_bytes());
+        }
+        assert_eq!(many.len(), 2 * MAX_HOSTS);
+        assert_eq!(many.find_or_add(b""), None);
+        for id in 0..many.len() {
+            many.observe(id, 1000.0);
+        }
+        let mut shared = Vec::new();
+        many.merge_into(&mut shared, T0);
+        assert_eq!(shared.len(), MAX_HOSTS);
+    }
+
+    #[test]
+    fn a_cluster_that_ignores_the_header_is_found_paused_and_checked_again() {
+        let mut check = OverrideCheck::default();
+        for i in 0..40 {
+            check.record(i % 20 != 0); // 1 in 20 missed: a host gone, say
+        }
+        assert!(!check.tick(T0));
+        assert!(!check.ignored());
+        // round robin over two hosts: half the named hosts answer
+        for i in 0..OVERRIDE_CHECKS {
+            check.record(i % 2 == 0);
+        }
+        assert!(check.tick(T0), "logged the first time");
+        assert!(check.ignored());
+        assert!(!check.tick(T0 + OVERRIDE_RETRY_MS - 1));
+        assert!(check.ignored());
+        assert!(!check.tick(T0 + OVERRIDE_RETRY_MS));
+        assert!(!check.ignored(), "checked again");
+        for _ in 0..OVERRIDE_CHECKS {
+            check.record(false);
+        }
+        assert!(
+            !check.tick(T0 + OVERRIDE_RETRY_MS + 200),
+            "logged once only"
+        );
+        assert!(check.ignored());
+    }
+
+    #[test]
+    fn the_header_names_primary_then_hedge() {
+        let hosts = measured(&[1000.0, 1000.0]);
+        let pick = HostPick {
+            primary: 1,
+            hedge: Some(0),
+        };
+        assert_eq!(
+            hosts.header_value(pick).as_deref(),
+            Some("10.0.0.1:80,10.0.0.0:80")
+        );
+        let alone = HostPick {
+            primary: 0,
+            hedge: None,
+        };
+        assert_eq!(hosts.header_value(alone).as_deref(), Some("10.0.0.0:80"));
+    }
+}

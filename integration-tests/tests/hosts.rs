@@ -1,0 +1,188 @@
+//! Host choice against real Envoy: the filter names each request's host
+//! (and the hedge's) in the header Envoy's override_host policy reads; a slow
+//! host is left only the exploration share; a client's own header never
+//! chooses; a cluster without the policy is noticed.
+
+mod common;
+
+use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
+use integration_tests::harness::load::{self, request};
+use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::runtime;
+use std::time::Duration;
+
+const HOST_HEADER: &str = "x-gateway-destination-endpoint";
+
+fn lognormal(mean_ms: f64, sd_ms: f64) -> Latency {
+    Latency::LogNormal {
+        mean_ms,
+        sd_ms,
+        straggler_prob: 0.0,
+        straggler_mult: 1.0,
+    }
+}
+
+/// envoy.yaml with a fourth host (the simulator's fourth port, which is
+/// also backend-b's) in the backend cluster.
+fn four_hosts(sim: &Simulator, plugin_config: &str) -> EnvoyOptions {
+    EnvoyOptions::new("envoy.yaml", sim.ports())
+        .plugin_config(plugin_config)
+        .four_backend_hosts()
+}
+
+/// Four hosts, one 20 ms slower than the others: round robin would send
+/// it a quarter of the requests; the filter leaves it the exploration
+/// share (1%, so about 0.25%), and never sends it a hedge.
+#[test]
+fn a_slow_host_gets_almost_no_traffic_and_never_a_hedge() {
+    let fast = lognormal(3.0, 0.7);
+    let sim =
+        Simulator::start(vec![fast.clone(), fast.clone(), fast, lognormal(23.0, 0.7)]).unwrap();
+    let envoy = Envoy::start(four_hosts(&sim, r#"{"debug_header": true}"#)).unwrap();
+    let slow = format!("127.0.0.1:{}", sim.ports()[3]);
+    let client = load::client();
+    runtime().block_on(async {
+        // before the filter knows any host, a client naming the slow host
+        // is not obeyed (the header is removed): about a quarter go there
+        for _ in 0..40 {
+            request(
+                &client,
+                "GET",
+                &envoy.url("/"),
+                &[(HOST_HEADER, slow.as_str())],
+            )
+            .await
+            .unwrap();
+        }
+        let to_slow = sim.settle(Duration::from_secs(3));
+        assert!(
+            sim.counts()[3].arrivals <= 25,
+            "the client's host header chose: {:?} ({to_slow:?})",
+            sim.counts()
+        );
+        common::warm_up(&client, &envoy, "/", 600, 4).await;
+        envoy.wait_for_stats("four hosts tracked, one on probation", |s| {
+            s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
+                && s.get(&filter_stat_name("hosts_on_probation", "backend")) == Some(&1)
+        });
+        sim.settle(Duration::from_secs(3));
+        sim.reset_counts();
+        let run =
+            load::closed_loop(&client, &envoy.url("/"), 4, 3000, Duration::from_secs(5)).await;
+        assert_eq!(run.ok(), 3000, "{}", run.summary());
+        let counts = sim.settle(Duration::from_secs(3));
+        let share = sim.counts()[3].arrivals as f64 / counts.arrivals.max(1) as f64;
+        eprintln!("slow host share {:.2}% ({:?})", 100.0 * share, sim.counts());
+        assert!(
+            share <= 0.01,
+            "the slow host got {:.2}% of {} upstream requests: {:?}; {}",
+            100.0 * share,
+            counts.arrivals,
+            sim.counts(),
+            envoy.filter_stats("backend")
+        );
+        // the debug header names two different fast hosts on armed requests
+        let mut armed = 0;
+        for _ in 0..200 {
+            let reply = request(&client, "GET", &envoy.url("/"), &[]).await.unwrap();
+            let (named, answered) = common::hosts_of(&reply);
+            if let Some(named) = named {
+                assert!(!named.contains(&slow), "named the slow host: {named}");
+                let hosts: Vec<&str> = named.split(',').collect();
+                if common::decision(&reply).starts_with("armed") {
+                    armed += 1;
+                    assert_eq!(hosts.len(), 2, "{named}");
+                    assert_ne!(hosts[0], hosts[1]);
+                }
+                let answered = answered.unwrap_or_default();
+                assert!(hosts.contains(&answered), "{named} but {answered} answered");
+            }
+        }
+        assert!(armed >= 100, "only {armed} of 200 armed");
+    });
+    let stats = envoy.stats();
+    assert!(stats[&filter_stat_name("host_picks_total", "backend")] > 3000);
+    assert_eq!(
+        stats[&filter_stat_name("host_choice_ignored", "backend")],
+        0
+    );
+    envoy.assert_no_vm_failure();
+}
+
+/// A cluster whose override_host policy reads another header (as good as
+/// none): the filter notices within a few hundred requests, says so once,
+/// pauses the choice, and routing is unharmed.
+#[test]
+fn a_cluster_that_ignores_the_choice_is_noticed() {
+    let m = lognormal(2.0, 0.3);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"min_samples": 20}"#)
+            .edit(
+                &format!("- header: {HOST_HEADER}"),
+                "- header: x-some-other-header",
+            ),
+    )
+    .unwrap();
+    let client = load::client();
+    let run = runtime().block_on(load::closed_loop(
+        &client,
+        &envoy.url("/"),
+        2,
+        1500,
+        Duration::from_secs(5),
+    ));
+    assert_eq!(run.ok(), 1500, "{}", run.summary());
+    envoy.wait_for_stats("host_choice_ignored", |s| {
+        s.get(&filter_stat_name("host_choice_ignored", "backend")) == Some(&1)
+    });
+    let log = envoy.log();
+    let lines = log.matches("does not follow the host header").count();
+    assert!(
+        (1..=2).contains(&lines),
+        "one line per worker at most: {lines}\n{log}"
+    );
+    // round robin went on: every host served its share
+    for (i, c) in sim.counts().iter().enumerate() {
+        assert!(c.arrivals >= 300, "host {i}: {:?}", sim.counts());
+    }
+    envoy.assert_no_vm_failure();
+}
+
+/// With `host_choice: false` the header is the operator's: a client's copy
+/// reaches Envoy, which follows it, also on a cluster that keeps a legacy
+/// `lb_policy` beside `load_balancing_policy` (as Istio's clusters do with
+/// the shipped EnvoyFilter patch).
+#[test]
+fn envoy_follows_the_header_beside_a_legacy_lb_policy() {
+    let m = lognormal(2.0, 0.3);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"host_choice": false}"#)
+            .edit(
+                "      load_balancing_policy:\n",
+                "      lb_policy: LEAST_REQUEST\n      load_balancing_policy:\n",
+            ),
+    )
+    .unwrap();
+    let target = format!("127.0.0.1:{}", sim.ports()[1]);
+    let client = load::client();
+    runtime().block_on(async {
+        for _ in 0..30 {
+            let r = request(
+                &client,
+                "GET",
+                &envoy.url("/"),
+                &[(HOST_HEADER, target.as_str())],
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200);
+        }
+    });
+    sim.settle(Duration::from_secs(3));
+    assert_eq!(sim.counts()[1].arrivals, 30, "{:?}", sim.counts());
+    envoy.assert_no_vm_failure();
+}
