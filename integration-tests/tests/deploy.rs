@@ -344,6 +344,26 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
     let _ = std::fs::remove_dir_all(&again);
 }
 
+/// `envoy --mode validate` accepts the bootstrap `text` (`name` tells the
+/// temporary file and the failure apart).
+fn envoy_validates(name: &str, text: &str) {
+    let path =
+        std::env::temp_dir().join(format!("adaptive-hedge-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(envoy::envoy_binary())
+        .args(["--mode", "validate", "--log-level", "info", "-c"])
+        .arg(&path)
+        .output()
+        .expect("envoy");
+    let _ = std::fs::remove_file(&path);
+    let output =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && output.contains("OK"),
+        "{name}: envoy --mode validate refused it:\n{output}"
+    );
+}
+
 #[test]
 fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     let docs = yaml_docs(MANIFESTS[0]);
@@ -401,22 +421,9 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     let cluster = &mut bootstrap["static_resources"]["clusters"][0];
     cluster["lb_policy"] = Value::from("LEAST_REQUEST");
     cluster["load_balancing_policy"] = policy.clone();
-    let path = std::env::temp_dir().join(format!(
-        "adaptive-hedge-istio-host-choice-{}.yaml",
-        std::process::id()
-    ));
-    std::fs::write(&path, serde_yaml::to_string(&bootstrap).unwrap()).unwrap();
-    let out = Command::new(envoy::envoy_binary())
-        .args(["--mode", "validate", "--log-level", "info", "-c"])
-        .arg(&path)
-        .output()
-        .expect("envoy");
-    let _ = std::fs::remove_file(&path);
-    let output =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && output.contains("OK"),
-        "envoy --mode validate refused the host choice patch:\n{output}"
+    envoy_validates(
+        "istio-host-choice",
+        &serde_yaml::to_string(&bootstrap).unwrap(),
     );
     // Retry back-off: added to the hedge delay, 25 ms by default.
     let patch = of_kind(&docs, "EnvoyFilter")[0];
@@ -580,22 +587,6 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
             report.problems.is_empty() && report.upstream == 1,
             "{name}: {report:?}"
         );
-        let path = std::env::temp_dir().join(format!(
-            "adaptive-hedge-{name}-streaming-{}.yaml",
-            std::process::id()
-        ));
-        std::fs::write(&path, text).unwrap();
-        let out = Command::new(envoy::envoy_binary())
-            .args(["--mode", "validate", "--log-level", "info", "-c"])
-            .arg(&path)
-            .output()
-            .expect("envoy");
-        let _ = std::fs::remove_file(&path);
-        let output = String::from_utf8_lossy(&out.stderr).to_string()
-            + &String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && output.contains("OK"),
-            "{name}: envoy --mode validate refused the patched cluster:\n{output}"
-        );
+        envoy_validates(&format!("{name}-streaming"), &text);
     }
 }

@@ -186,3 +186,56 @@ fn envoy_follows_the_header_beside_a_legacy_lb_policy() {
     assert_eq!(sim.counts()[1].arrivals, 30, "{:?}", sim.counts());
     envoy.assert_no_vm_failure();
 }
+
+/// `log_attribution`: the decision, the hosts named and the one that
+/// answered, and the attempts, reach an access log through filter state.
+#[test]
+fn access_logs_carry_the_attribution() {
+    let m = lognormal(2.0, 0.3);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let access_log = r#"                stat_prefix: ingress
+                access_log:
+                  - name: envoy.access_loggers.stderr
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StderrAccessLog
+                      log_format:
+                        text_format_source:
+                          inline_string: "ATTRIBUTION %FILTER_STATE(wasm.adaptive_hedge:PLAIN)%\n"
+"#;
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"log_attribution": true, "min_samples": 20}"#)
+            .edit("                stat_prefix: ingress\n", access_log),
+    )
+    .unwrap();
+    let client = load::client();
+    let run = runtime().block_on(load::closed_loop(
+        &client,
+        &envoy.url("/"),
+        2,
+        600,
+        Duration::from_secs(5),
+    ));
+    assert_eq!(run.ok(), 600, "{}", run.summary());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = envoy.log();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("ATTRIBUTION ")).collect();
+        let attributed = lines
+            .iter()
+            .filter(|l| l.contains("armed; delay_ms=") && l.contains("; hosts=127.0.0.1:"))
+            .filter(|l| l.contains("; answered=127.0.0.1:") && l.contains("; attempts="))
+            .count();
+        if attributed >= 100 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{attributed} attributed of {} logged lines; the last: {:?}",
+            lines.len(),
+            lines.last()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    envoy.assert_no_vm_failure();
+}

@@ -368,6 +368,8 @@ settings! {
         max_clusters: usize = 1000, |n| within(n, 1, 100_000, "");
         /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
         debug_header: bool = false, Ok;
+        /// Write the decision and hosts to filter state `wasm.adaptive_hedge`, for access logs.
+        log_attribution: bool = false, Ok;
         /// The request header the cluster's `override_host` policy reads.
         host_header: Arc<str> = ENDPOINT_HEADER.into(), host_header_rule;
     }

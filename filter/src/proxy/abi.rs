@@ -76,6 +76,12 @@ extern "C" {
         name_size: usize,
         return_id: *mut u32,
     ) -> u32;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
 }
@@ -199,6 +205,13 @@ impl Host for Abi {
         let code = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
         // SAFETY: the host allocated `size` bytes on Ok.
         unsafe { answer(code, data, size) }
+    }
+
+    fn set_filter_state(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        // SAFETY: pointers and lengths of live slices, read by the host only.
+        status(unsafe {
+            proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        })
     }
 }
 

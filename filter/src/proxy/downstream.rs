@@ -28,6 +28,9 @@ const RESPONSE_CODE: &[u8] = b"response\0code";
 /// `response.code_details` of a response that came from an upstream (not a
 /// local reply such as no healthy upstream, connect failure or timeout).
 const VIA_UPSTREAM: &[u8] = b"via_upstream";
+/// The filter state the attribution goes to (`log_attribution`); Envoy
+/// names it `wasm.adaptive_hedge`.
+const FILTER_STATE: &str = "adaptive_hedge";
 
 pub struct DownstreamRequest<H: Host> {
     host: H,
@@ -39,6 +42,8 @@ pub struct DownstreamRequest<H: Host> {
     trust_client_headers: bool,
     /// Some cluster learns per route: read the route's name.
     learns_routes: bool,
+    /// Write the attribution to filter state (`log_attribution`).
+    log_attribution: bool,
     /// Some cluster chooses hosts: the header it is written to (and a
     /// client's copy removed from), and the responses' hosts are read.
     host_header: Option<Arc<str>>,
@@ -61,7 +66,14 @@ pub struct DownstreamRequest<H: Host> {
 
 impl<H: Host> DownstreamRequest<H> {
     pub fn new(host: H, worker: Option<Rc<RefCell<Worker>>>, placement: Rc<Placement>) -> Self {
-        let (signal, debug_header, trust_client_headers, learns_routes, host_header) = worker
+        let (
+            signal,
+            debug_header,
+            trust_client_headers,
+            learns_routes,
+            host_header,
+            log_attribution,
+        ) = worker
             .as_ref()
             .and_then(|w| {
                 let c = w.try_borrow().ok()?;
@@ -72,9 +84,10 @@ impl<H: Host> DownstreamRequest<H> {
                     c.trust_client_headers,
                     c.learns_routes(),
                     c.chooses_hosts().then(|| Arc::clone(&c.host_header)),
+                    c.log_attribution,
                 ))
             })
-            .unwrap_or((LatencySignal::Headers, false, false, false, None));
+            .unwrap_or((LatencySignal::Headers, false, false, false, None, false));
         DownstreamRequest {
             host,
             worker,
@@ -83,6 +96,7 @@ impl<H: Host> DownstreamRequest<H> {
             debug_header,
             trust_client_headers,
             learns_routes,
+            log_attribution,
             host_header,
             decision: None,
             endpoint: None,
@@ -156,7 +170,7 @@ impl<H: Host> DownstreamRequest<H> {
                 }
             }
         }
-        if self.debug_header {
+        if self.attributes() {
             self.decision = Some(plan.decision);
             self.endpoint = plan.endpoint;
         }
@@ -199,6 +213,11 @@ impl<H: Host> DownstreamRequest<H> {
         }
     }
 
+    /// The decision and hosts are told (debug header, filter state).
+    fn attributes(&self) -> bool {
+        self.debug_header || self.log_attribution
+    }
+
     fn attempts(&self) -> Option<u64> {
         int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok())
     }
@@ -222,7 +241,7 @@ impl<H: Host> DownstreamRequest<H> {
         }
         // two host calls: only for the requests timed anyway (the sampled
         // ones: every request below ~1,000/s per worker)
-        if !timed && !self.debug_header {
+        if !timed && !self.attributes() {
             return None;
         }
         let address = self.host.property(UPSTREAM_ADDRESS).ok().flatten()?;
@@ -293,7 +312,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             None
         };
         // Read once, for the budget and the hosts.
-        let reports_host = self.host_cluster.is_some() && (timed || self.debug_header);
+        let reports_host = self.host_cluster.is_some() && (timed || self.attributes());
         let attempts = (self.settlement.is_some() || reports_host)
             .then(|| self.attempts())
             .flatten();
@@ -307,7 +326,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         } else {
             None
         };
-        if let (true, Some(decision)) = (self.debug_header, &self.decision) {
+        if let Some(decision) = &self.decision {
             let mut text = decision.describe();
             if let Some(endpoint) = &self.endpoint {
                 text.push_str("; hosts=");
@@ -317,7 +336,15 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
                 text.push_str("; answered=");
                 text.push_str(host);
             }
-            let _ = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
+            if let Some(attempts) = attempts.filter(|_| self.log_attribution) {
+                text.push_str(&format!("; attempts={attempts}"));
+            }
+            if self.debug_header {
+                let _ = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
+            }
+            if self.log_attribution {
+                let _ = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+            }
         }
         Action::Continue
     }
@@ -328,7 +355,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             let mut origin = None;
             let latency_us = self.record_sample(&mut origin);
             if self.host_cluster.is_some() {
-                let attempts = (timed || self.debug_header)
+                let attempts = (timed || self.attributes())
                     .then(|| self.attempts())
                     .flatten();
                 let _ = self.report_host(timed, origin, latency_us, attempts);
@@ -829,6 +856,46 @@ mod tests {
                 .any(|c| c.contains("upstream.address")),
             "{:?}",
             host.state().calls
+        );
+    }
+
+    #[test]
+    fn log_attribution_writes_the_decision_hosts_and_attempts_to_filter_state() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 10, "log_attribution": true}"#);
+        let ms = |address: &str| if address == "10.0.0.2:80" { 30 } else { 2 };
+        for i in 0..60 {
+            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), ms);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let state = |host: &FakeHost| {
+            host.state()
+                .filter_state
+                .get(FILTER_STATE)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        let mut chosen = 0;
+        for _ in 0..20 {
+            let Some(endpoint) = answered_by(&host, &plugin, GET, "10.0.0.1:80", ms) else {
+                continue;
+            };
+            chosen += 1;
+            let primary = endpoint.split(',').next().unwrap();
+            let logged = state(&host);
+            assert!(logged.starts_with("armed; delay_ms="), "{logged}");
+            assert!(
+                logged.ends_with(&format!(
+                    "; hosts={endpoint}; answered={primary}; attempts=1"
+                )),
+                "{logged}"
+            );
+        }
+        assert!(chosen >= 15);
+        assert_eq!(
+            host.response_header_text(DEBUG_HEADER),
+            None,
+            "no debug header asked for"
         );
     }
 }

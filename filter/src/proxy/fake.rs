@@ -23,6 +23,8 @@ pub struct State {
     pub response_headers: Vec<(String, Vec<u8>)>,
     /// By path, segments separated by NUL.
     pub properties: HashMap<Vec<u8>, Vec<u8>>,
+    /// What the filter wrote with `set_filter_state`.
+    pub filter_state: HashMap<String, Vec<u8>>,
     pub now_ns: u64,
     pub configuration: Option<Vec<u8>>,
     pub tick_ms: Option<u32>,
@@ -190,6 +192,14 @@ impl Host for FakeHost {
     fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
         self.call("set_response_header", name)?;
         replace(&mut self.state_mut().response_headers, name, value);
+        Ok(())
+    }
+
+    fn set_filter_state(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        self.call("set_filter_state", name)?;
+        self.state_mut()
+            .filter_state
+            .insert(name.to_string(), value.to_vec());
         Ok(())
     }
 

@@ -52,6 +52,9 @@ pub trait Host: Clone + SharedStore + MetricsSink + Logger {
     fn set_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
     /// A property by its path, segments separated by NUL (`b"xds\0cluster_name"`).
     fn property(&self, path: &[u8]) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Sets the stream's filter state `name` (Envoy keeps it as
+    /// `wasm.<name>`, readable by access logs).
+    fn set_filter_state(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
 }
 
 /// An integer property (8 bytes, little-endian); `None` if absent or not one.

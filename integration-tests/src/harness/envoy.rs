@@ -63,12 +63,27 @@ pub fn wasm_path() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("build/adaptive_hedge.wasm"))
 }
 
-/// A free port on 127.0.0.1 (bound then released).
+/// Ports this process has handed out: the kernel may give a just-released
+/// port again at once, so two calls in a row could otherwise return the same
+/// port (CI once saw Envoy's admin and listener ask for one port).
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A free port on 127.0.0.1 (bound then released), never one this process
+/// handed out before.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    // hold the listeners of ports already used, so the kernel offers others
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("no free port");
+        let port = listener.local_addr().expect("no local address").port();
+        if handed_out.insert(port) {
+            return port;
+        }
+        held.push(listener);
+    }
+    panic!("no port left that this process has not used")
 }
 
 pub struct EnvoyOptions {
@@ -277,7 +292,19 @@ fn render(opts: &EnvoyOptions, admin: u16, listener: u16) -> Result<String, Stri
 
 impl Envoy {
     /// Starts Envoy and waits for `/ready`. The error carries Envoy's log.
+    /// A port taken between choosing it and Envoy binding it (another
+    /// server of the same test run) is retried on fresh ports.
     pub fn start(opts: EnvoyOptions) -> Result<Envoy, String> {
+        let mut attempt = 0;
+        loop {
+            match Self::start_once(&opts) {
+                Err(e) if attempt < 2 && e.contains("Address already in use") => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(opts: &EnvoyOptions) -> Result<Envoy, String> {
         if opts.wasm.is_none() && !wasm_path().exists() {
             return Err(format!(
                 "{} is missing: run `make build`",
@@ -286,7 +313,7 @@ impl Envoy {
         }
         let admin_port = free_port();
         let listener_port = free_port();
-        let text = render(&opts, admin_port, listener_port)?;
+        let text = render(opts, admin_port, listener_port)?;
         let n = INSTANCE.fetch_add(1, Ordering::SeqCst);
         let dir =
             std::env::temp_dir().join(format!("adaptive-hedge-envoy-{}-{n}", std::process::id()));
