@@ -7,9 +7,10 @@ mod common;
 
 use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, request};
-use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::harness::sim::{HostCounts, Latency, Simulator};
 use integration_tests::runtime;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 const HOST_HEADER: &str = "x-gateway-destination-endpoint";
 
@@ -238,4 +239,192 @@ fn access_logs_carry_the_attribution() {
         std::thread::sleep(Duration::from_millis(100));
     }
     envoy.assert_no_vm_failure();
+}
+
+/// Upstream attempts each host received from `before` to `after`, and
+/// host `i`'s share of them.
+fn share_between(before: &[HostCounts], after: &[HostCounts], i: usize) -> (f64, u64) {
+    let delta = |k: usize| after[k].arrivals - before[k].arrivals;
+    let total: u64 = (0..after.len()).map(delta).sum();
+    (delta(i) as f64 / total.max(1) as f64, total)
+}
+
+/// A host that starts answering 503: within 2 s it gets at most 1% of the
+/// upstream attempts (failures put it on probation at once); within 10 s
+/// of answering well again, it is back to about its fair share (a
+/// quarter: at least 15% of a one-second window).
+#[test]
+fn a_failing_host_is_left_within_2_s_and_back_within_10_s() {
+    let m = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(four_hosts(&sim, r#"{"debug_header": true}"#)).unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 600, 4).await;
+        envoy.wait_for_stats("four hosts tracked", |s| {
+            s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
+        });
+        // 400 req/s in the background for at most 17 s
+        let (load_client, load_url) = (client.clone(), url.clone());
+        let load = tokio::spawn(async move {
+            load::open_loop(&load_client, &load_url, 400.0, 6800, Duration::from_secs(5)).await
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sim.set_status(3, Some(503));
+        let failing_since = Instant::now();
+        tokio::time::sleep_until((failing_since + Duration::from_secs(2)).into()).await;
+        let before = sim.counts();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (share, total) = share_between(&before, &sim.counts(), 3);
+        eprintln!(
+            "failing host: {:.2}% of {total} attempts 2-4 s after it failed",
+            100.0 * share
+        );
+        assert!(
+            share <= 0.01 && total >= 400,
+            "2-4 s after failing it got {:.2}% of {total}: {:?}; {}",
+            100.0 * share,
+            sim.counts(),
+            envoy.filter_stats("backend")
+        );
+        sim.set_status(3, None);
+        let healthy_since = Instant::now();
+        let mut window = sim.counts();
+        let back_after = loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = sim.counts();
+            let (share, _) = share_between(&window, &now, 3);
+            if share >= 0.15 {
+                break healthy_since.elapsed();
+            }
+            assert!(
+                healthy_since.elapsed() < Duration::from_secs(10),
+                "10 s after recovering it gets {:.1}%: {now:?}; {}",
+                100.0 * share,
+                envoy.filter_stats("backend")
+            );
+            window = now;
+        };
+        eprintln!("recovered host back to its share after {back_after:?}");
+        let run = load.await.unwrap();
+        eprintln!("{}", run.summary());
+        assert_eq!(run.errors, 0, "{}", run.summary());
+    });
+    envoy.assert_no_vm_failure();
+}
+
+/// The backend cluster from an EDS file in `dir` listing `ports`, written
+/// the way Envoy's file watch sees it: a new file moved into place.
+fn write_eds(dir: &Path, ports: &[u16]) {
+    let endpoints: String = ports
+        .iter()
+        .map(|p| {
+            format!("      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}\n")
+        })
+        .collect();
+    let text = format!(
+        "version_info: \"{}\"\nresources:\n  - \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n    cluster_name: backend\n    endpoints:\n    - lb_endpoints:\n{endpoints}",
+        ports.len()
+    );
+    let tmp = dir.join("eds.yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join("eds.yaml")).unwrap();
+}
+
+/// A host removed from the cluster (EDS) stops being named at once (each
+/// worker sees that Envoy does not follow the name, and the cluster is
+/// not blamed), and is forgotten within `FORGET_MS`.
+#[test]
+fn a_host_removed_from_the_cluster_stops_being_named() {
+    let m = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m]).unwrap();
+    let ports = sim.ports().to_vec();
+    let dir = std::env::temp_dir().join(format!("adaptive-hedge-eds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_eds(&dir, &ports);
+    let static_hosts: String = ports[..3]
+        .iter()
+        .map(|p| {
+            format!("              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}\n")
+        })
+        .collect();
+    let eds = format!(
+        "    - name: backend\n      type: EDS\n      eds_cluster_config:\n        eds_config:\n          resource_api_version: V3\n          path_config_source:\n            path: {0}/eds.yaml\n            watched_directory: {{ path: {0} }}\n",
+        dir.display()
+    );
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"debug_header": true}"#)
+            // EDS needs the node named
+            .edit(
+                "static_resources:\n",
+                "node: { id: adaptive-hedge-test, cluster: test }\nstatic_resources:\n",
+            )
+            .edit("    - name: backend\n      type: STATIC\n", &eds)
+            .edit(
+                &format!("      load_assignment:\n        cluster_name: backend\n        endpoints:\n          - lb_endpoints:\n{static_hosts}"),
+                "",
+            ),
+    )
+    .unwrap();
+    let removed = format!("127.0.0.1:{}", ports[3]);
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 600, 4).await;
+        envoy.wait_for_stats("four hosts tracked", |s| {
+            s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
+        });
+        write_eds(&dir, &ports[..3]);
+        envoy.wait_for_stats("Envoy's backend down to three hosts", |s| {
+            s.get("cluster.backend.membership_total") == Some(&3)
+        });
+        let removed_at = Instant::now();
+        // named until each worker has seen it missed and ticked; then never
+        let (mut last_named, mut since_last_named, mut requests) = (None, 0, 0);
+        while since_last_named < 500 {
+            let reply = request(&client, "GET", &envoy.url("/"), &[]).await.unwrap();
+            assert_eq!(reply.status, 200);
+            requests += 1;
+            let (named, _) = common::hosts_of(&reply);
+            if named.is_some_and(|n| n.contains(&removed)) {
+                since_last_named = 0;
+                last_named = Some(removed_at.elapsed());
+            } else {
+                since_last_named += 1;
+            }
+            assert!(
+                removed_at.elapsed() < Duration::from_secs(30),
+                "still named 30 s after its removal ({requests} requests)"
+            );
+        }
+        eprintln!("the removed host last named {last_named:?} after its removal");
+        assert!(
+            last_named.is_none_or(|t| t < Duration::from_secs(3)),
+            "named {last_named:?} after its removal"
+        );
+        // forgotten by the shared table once silent for FORGET_MS
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while envoy
+            .stats()
+            .get(&filter_stat_name("hosts_tracked", "backend"))
+            != Some(&3)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                envoy.filter_stats("backend")
+            );
+            let run =
+                load::closed_loop(&client, &envoy.url("/"), 2, 100, Duration::from_secs(5)).await;
+            assert_eq!(run.ok(), 100, "{}", run.summary());
+        }
+    });
+    let stats = envoy.stats();
+    assert_eq!(
+        stats[&filter_stat_name("host_choice_ignored", "backend")],
+        0
+    );
+    envoy.assert_no_vm_failure();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -25,8 +25,14 @@
 //!   responses per tick).
 //! - **Score** = exp(cost) x (in flight + 1) x (1 + failures): a host's
 //!   expected wait if sent one more request (brpc's and Finagle's form);
-//!   failures (5xx, resets, local replies) count as slowness, decaying with
-//!   `FAILURE_DECAY_MS`.
+//!   failures (5xx, resets, local replies, and races a primary lost to a
+//!   later attempt: a hedge after the delay, or Envoy's retry after a 5xx
+//!   the client never sees; a healthy host loses only the few races its
+//!   own tail loses) count as slowness, decaying with
+//!   `FAILURE_DECAY_MS`, halved by each success and capped at
+//!   `FAILURE_CAP`: a host that failed for a minute is back as soon as it
+//!   answers well again (the exploration share measures it), not minutes
+//!   later.
 //! - **Choice: power of `choices` random choices** by score for the primary
 //!   (2 avoids a slow host nearly always without herding every worker onto
 //!   the one host that looks best), and the best other host for the hedge:
@@ -48,7 +54,13 @@
 //!   under the cluster's compare-and-swap, then starts again from the
 //!   shared costs. Nothing shared is touched per request.
 //! - **Ageing**: a host not heard from for `FORGET_MS` (removed from the
-//!   cluster, or no longer answering) is dropped. Override picks ignore
+//!   cluster, or no longer answering) is dropped. Sooner than that, a host
+//!   Envoy no longer has is noticed by each worker: named as the primary
+//!   of a single-attempt request, it is not the one that answered (Envoy
+//!   skips addresses it does not know). Every time it was named within a
+//!   tick, while the other named hosts were followed, marks it
+//!   unreachable: not chosen until it answers again. Misses spread over
+//!   most named hosts are the cluster's (it ignores the header). Override picks ignore
 //!   Envoy's health: an ejected or unhealthy host named in the header still
 //!   gets the request, so the filter must not name it. Outlier detection
 //!   ejects for errors, and errors put a host on probation here at once;
@@ -70,6 +82,9 @@ pub const PROBATION_FACTOR: f64 = 2.5;
 pub const FORGET_MS: u64 = 10_000;
 /// A failure's weight halves in about this long (ms; the time constant).
 pub const FAILURE_DECAY_MS: f64 = 5_000.0;
+/// Failures counted at most (a host failing everything is on probation
+/// at once; it comes back within a few successes).
+pub const FAILURE_CAP: f64 = 4.0;
 /// Samples a host needs before it is chosen by score (before that, the
 /// cluster's balancer sends it its share, which measures it).
 pub const MIN_HOST_SAMPLES: u64 = 5;
@@ -107,6 +122,13 @@ pub struct Host {
     /// Responses attributed to it since the last tick (this worker).
     responses_this_tick: u32,
     pub probation: bool,
+    /// Named as a primary and not followed every time within a tick
+    /// (Envoy has no such host any more): not chosen until it answers.
+    unreachable: bool,
+    /// Single-attempt requests that named it as the primary since the
+    /// last tick, and those another host answered.
+    named: u32,
+    missed: u32,
     /// Not in the shared value any more: not chosen; its slot is reused
     /// once nothing in flight names it.
     gone: bool,
@@ -125,21 +147,42 @@ impl Host {
             in_flight: 0,
             responses_this_tick: 0,
             probation: false,
+            unreachable: false,
+            named: 0,
+            missed: 0,
             gone: false,
         }
     }
 
+    /// A success after `latency_us`.
     fn observe(&mut self, latency_us: f64) {
+        self.move_cost(latency_us, true);
+        // a success halves the failures (moved as a delta: workers' halves
+        // add up in the shared value, floored at zero)
+        self.new_failures -= 0.5 * self.failure_count();
+        self.unreachable = false;
+    }
+
+    /// A sample of the latency (`both_ways`), or a lower bound on it
+    /// (only raises the cost).
+    fn move_cost(&mut self, latency_us: f64, both_ways: bool) {
         let l = latency_us.max(1.0).ln();
         if self.samples == 0 {
             self.cost_log = l;
-        } else {
-            let gain = if l > self.cost_log { RISE } else { FALL };
-            self.cost_log += gain * (l - self.cost_log);
+        } else if l > self.cost_log {
+            self.cost_log += RISE * (l - self.cost_log);
+        } else if both_ways {
+            self.cost_log += FALL * (l - self.cost_log);
         }
         self.samples = self.samples.saturating_add(1);
         self.new_samples = self.new_samples.saturating_add(1);
         self.responses_this_tick = self.responses_this_tick.saturating_add(1);
+    }
+
+    /// The failures counted now (shared as of the tick, plus this
+    /// worker's since), capped.
+    fn failure_count(&self) -> f64 {
+        (self.failures + self.new_failures).clamp(0.0, FAILURE_CAP)
     }
 
     /// Starts again from the shared value.
@@ -160,7 +203,7 @@ impl Host {
 
     /// Slowness without the load: what probation compares.
     fn slowness(&self) -> f64 {
-        self.cost_us() * (1.0 + self.failures + self.new_failures)
+        self.cost_us() * (1.0 + self.failure_count())
     }
 
     /// The expected wait if sent one more request.
@@ -172,7 +215,10 @@ impl Host {
     /// from the same hosts) with `MIN_HOST_SAMPLES`; until then the
     /// cluster's balancer measures it.
     fn known(&self) -> bool {
-        self.samples >= MIN_HOST_SAMPLES && !self.gone && self.base_log.is_some()
+        self.samples >= MIN_HOST_SAMPLES
+            && !self.gone
+            && !self.unreachable
+            && self.base_log.is_some()
     }
 }
 
@@ -241,20 +287,69 @@ impl Hosts {
         Some(self.hosts.len() - 1)
     }
 
-    /// A response from `id` after `latency_us` (or a lower bound on it: a
-    /// primary that lost to its hedge was at least that slow).
+    /// A success of `id` after `latency_us`.
     pub fn observe(&mut self, id: HostId, latency_us: f64) {
         if let Some(h) = self.hosts.get_mut(id) {
             h.observe(latency_us);
         }
     }
 
-    /// A failure of `id`: a 5xx, a reset, a connect failure, a timeout.
+    /// `id` took at least `latency_us` without answering (a primary that
+    /// lost the race to another attempt).
+    pub fn observe_bound(&mut self, id: HostId, latency_us: f64) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.move_cost(latency_us, false);
+        }
+    }
+
+    /// A failure of `id`: a 5xx, a reset, a connect failure, a timeout, a
+    /// race lost to another attempt.
     pub fn fail(&mut self, id: HostId) {
         if let Some(h) = self.hosts.get_mut(id) {
-            h.new_failures += 1.0;
+            if h.failure_count() < FAILURE_CAP {
+                h.new_failures += 1.0;
+            }
             h.responses_this_tick = h.responses_this_tick.saturating_add(1);
         }
+    }
+
+    /// `id` answered (or failed): Envoy has it.
+    pub fn answered(&mut self, id: HostId) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.unreachable = false;
+        }
+    }
+
+    /// A single-attempt request named `primary`; `followed`: it answered.
+    pub fn record_override(&mut self, primary: HostId, followed: bool) {
+        if let Some(h) = self.hosts.get_mut(primary) {
+            h.named = h.named.saturating_add(1);
+            h.missed = h.missed.saturating_add(u32::from(!followed));
+        }
+    }
+
+    /// On the tick: the hosts missed every time they were named (at least
+    /// twice) while the others named were followed are unreachable; what
+    /// remains (checks, misses) is for the cluster's `OverrideCheck`.
+    pub fn take_override_checks(&mut self) -> (u32, u32) {
+        let named = self.hosts.iter().filter(|h| h.named > 0).count();
+        let missed = self.hosts.iter().filter(|h| h.missed > 0).count();
+        let lost = |h: &Host| h.named >= 2 && h.missed == h.named;
+        let concentrated = missed > 0
+            && missed * 2 <= named
+            && self.hosts.iter().filter(|h| h.missed > 0).all(lost);
+        let (mut checks, mut misses) = (0, 0);
+        for h in self.hosts.iter_mut() {
+            if concentrated && h.missed > 0 {
+                h.unreachable = true;
+            } else {
+                checks += h.named;
+                misses += h.missed;
+            }
+            h.named = 0;
+            h.missed = 0;
+        }
+        (checks, misses)
     }
 
     /// A chosen request started (`true`) or ended on its primary.
@@ -310,7 +405,7 @@ impl Hosts {
                 };
             }
             s.samples = s.samples.saturating_add(local.new_samples);
-            s.failures += local.new_failures;
+            s.failures = (s.failures + local.new_failures).clamp(0.0, FAILURE_CAP);
             s.seen_ms = now_ms;
         }
     }
@@ -480,11 +575,11 @@ pub struct OverrideCheck {
 }
 
 impl OverrideCheck {
-    pub fn record(&mut self, followed: bool) {
-        self.checks = self.checks.saturating_add(1);
-        if !followed {
-            self.misses = self.misses.saturating_add(1);
-        }
+    /// Checks made and missed since the last call
+    /// (`Hosts::take_override_checks`).
+    pub fn add(&mut self, checks: u32, misses: u32) {
+        self.checks = self.checks.saturating_add(checks);
+        self.misses = self.misses.saturating_add(misses);
     }
 
     pub fn ignored(&self) -> bool {
@@ -701,21 +796,69 @@ mod tests {
     #[test]
     fn failures_count_as_slowness_and_fade() {
         let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
-        for _ in 0..5 {
+        for _ in 0..50 {
             hosts.fail(2);
         }
         hosts.merge_into(&mut shared, T0);
         assert_eq!(hosts.refresh(&shared).on_probation, 1);
         assert!(hosts.get(2).unwrap().probation);
-        // twenty seconds later (answering well) it is back
-        for t in 1..=100 {
-            for id in 0..4 {
-                hosts.observe(id, 1000.0);
-            }
-            hosts.merge_into(&mut shared, T0 + t * 200);
-            hosts.refresh(&shared);
-        }
+        assert_eq!(
+            shared[2].failures, FAILURE_CAP,
+            "a minute of failures counts as {FAILURE_CAP}"
+        );
+        // with time alone (nothing measured: on probation, unexplored) it fades
+        hosts.merge_into(&mut shared, T0 + 8_000);
+        hosts.refresh(&shared);
         assert!(!hosts.get(2).unwrap().probation);
+        // failing again, then two successes (exploration) bring it back
+        for _ in 0..10 {
+            hosts.fail(2);
+        }
+        hosts.merge_into(&mut shared, T0 + 8_200);
+        hosts.refresh(&shared);
+        assert!(hosts.get(2).unwrap().probation);
+        hosts.observe(2, 1000.0);
+        hosts.observe(2, 1000.0);
+        hosts.merge_into(&mut shared, T0 + 8_400);
+        hosts.refresh(&shared);
+        assert!(!hosts.get(2).unwrap().probation, "{:?}", shared[2]);
+    }
+
+    /// A host Envoy no longer has: every time it was named, another host
+    /// answered. It is not chosen until it answers; the cluster is not
+    /// blamed. Misses spread over the hosts are the cluster's.
+    #[test]
+    fn a_host_missed_every_time_is_unreachable_until_it_answers() {
+        let mut hosts = measured(&[1000.0, 1000.0, 1000.0, 1000.0]);
+        for id in 0..4 {
+            for _ in 0..5 {
+                hosts.record_override(id, id != 1);
+            }
+        }
+        assert_eq!(hosts.take_override_checks(), (15, 0));
+        let mut state = 5u64;
+        for _ in 0..2000 {
+            state = mix(state);
+            if let Some(pick) = hosts.choose(2, state, true) {
+                assert_ne!(pick.primary, 1);
+                assert_ne!(pick.hedge, Some(1));
+            }
+        }
+        hosts.answered(1);
+        assert!((0..2000u64).any(|r| hosts.choose(2, mix(r), false).map(|p| p.primary) == Some(1)));
+        // a cluster that ignores the header: misses on most named hosts
+        for id in 0..4 {
+            for k in 0..3 {
+                hosts.record_override(id, k == 0);
+            }
+        }
+        assert_eq!(hosts.take_override_checks(), (12, 8));
+        assert!((0..4).all(|id| hosts.get(id).unwrap().known()));
+        // a single miss is no verdict on a host
+        hosts.record_override(0, false);
+        hosts.record_override(1, true);
+        hosts.record_override(2, true);
+        assert_eq!(hosts.take_override_checks(), (3, 1));
     }
 
     #[test]
@@ -795,24 +938,18 @@ mod tests {
     #[test]
     fn a_cluster_that_ignores_the_header_is_found_paused_and_checked_again() {
         let mut check = OverrideCheck::default();
-        for i in 0..40 {
-            check.record(i % 20 != 0); // 1 in 20 missed: a host gone, say
-        }
+        check.add(40, 2); // 1 in 20 missed
         assert!(!check.tick(T0));
         assert!(!check.ignored());
         // round robin over two hosts: half the named hosts answer
-        for i in 0..OVERRIDE_CHECKS {
-            check.record(i % 2 == 0);
-        }
+        check.add(OVERRIDE_CHECKS, OVERRIDE_CHECKS / 2);
         assert!(check.tick(T0), "logged the first time");
         assert!(check.ignored());
         assert!(!check.tick(T0 + OVERRIDE_RETRY_MS - 1));
         assert!(check.ignored());
         assert!(!check.tick(T0 + OVERRIDE_RETRY_MS));
         assert!(!check.ignored(), "checked again");
-        for _ in 0..OVERRIDE_CHECKS {
-            check.record(false);
-        }
+        check.add(OVERRIDE_CHECKS, OVERRIDE_CHECKS);
         assert!(
             !check.tick(T0 + OVERRIDE_RETRY_MS + 200),
             "logged once only"

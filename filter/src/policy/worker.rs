@@ -380,20 +380,27 @@ impl Worker {
         let Some(winner) = state.hosts.find_or_add(response.address) else {
             return;
         };
+        state.hosts.answered(winner);
         let hedged = response.attempts.is_some_and(|a| a >= 2);
+        let per_try_us = response
+            .per_try_timeout_ms
+            .map(|ms| ms.saturating_mul(1000));
         if response.failed {
             state.hosts.fail(winner);
         } else if let Some(latency_us) = response.latency_us {
             let latency = latency_us as f64;
             match pick {
-                // the hedge won: it answered `delay` after it started, and
-                // the primary was at least that slow
+                // the primary lost: a later attempt answered first (a hedge
+                // after the delay, or a retry after a 5xx or a reset). A
+                // failure (what a failing or slow host does; a healthy one
+                // loses only the races its tail loses), and it was at least
+                // that slow; a hedge answered `delay` after it started.
                 Some(p) if hedged && p.primary != winner => {
-                    let delay_us = response.per_try_timeout_ms.unwrap_or(0) * 1000;
-                    state.hosts.observe(p.primary, latency);
-                    state
-                        .hosts
-                        .observe(winner, latency_us.saturating_sub(delay_us) as f64);
+                    state.hosts.fail(p.primary);
+                    state.hosts.observe_bound(p.primary, latency);
+                    if let Some(d) = per_try_us.filter(|&d| latency_us >= d) {
+                        state.hosts.observe(winner, (latency_us - d) as f64);
+                    }
                 }
                 // hedged, but which attempt answered is not known
                 None if hedged => {}
@@ -401,7 +408,7 @@ impl Worker {
             }
         }
         if let (Some(p), Some(1)) = (pick, response.attempts) {
-            state.override_check.record(p.primary == winner);
+            state.hosts.record_override(p.primary, p.primary == winner);
         }
     }
 
@@ -614,6 +621,8 @@ impl Worker {
         )
         .map(|d| state.timer.apply(d, &state.policy));
         state.hosts_summary = state.hosts.refresh(&shared.value.hosts);
+        let (checks, misses) = state.hosts.take_override_checks();
+        state.override_check.add(checks, misses);
         if state.override_check.tick(now_ms) {
             log.log(
                 Level::Warn,
@@ -1467,6 +1476,154 @@ mod tests {
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.host_choice_ignored.c"), Some(1));
+    }
+
+    /// Hosts h0..h2 learned and shared (one tick), all equally fast.
+    fn three_known_hosts(w: &mut Worker, store: &MemoryStore, log: &mut Lines) {
+        let mut rr = 0;
+        host_traffic(w, 60, usize::MAX, &mut rr);
+        w.sync(T0, store, log);
+    }
+
+    fn primary_of(endpoint: &str) -> &str {
+        endpoint.split(',').next().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_host_gone_from_the_cluster_stops_being_named_and_the_cluster_is_not_blamed() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        // h1 left the cluster: Envoy skips it and answers from h0
+        let mut named_h1 = 0;
+        for _ in 0..300 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let (Some(id), Some(pick), Some(endpoint)) = (plan.cluster, plan.hosts, &plan.endpoint)
+            else {
+                continue;
+            };
+            let address = match primary_of(endpoint) {
+                "h1" => {
+                    named_h1 += 1;
+                    "h0"
+                }
+                other => other,
+            }
+            .to_string();
+            w.on_host_response(
+                id,
+                Some(pick),
+                HostResponse {
+                    address: address.as_bytes(),
+                    latency_us: Some(2000),
+                    failed: false,
+                    attempts: Some(1),
+                    per_try_timeout_ms: None,
+                },
+            );
+            w.end_pick(id, pick);
+        }
+        assert!(named_h1 >= 50, "h1 named {named_h1} times before the tick");
+        w.sync(T0 + 200, &store, &mut log);
+        for _ in 0..1000 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            if let Some(endpoint) = &plan.endpoint {
+                assert!(!endpoint.contains("h1"), "{endpoint}");
+            }
+            if let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) {
+                w.end_pick(id, pick);
+            }
+        }
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.host_choice_ignored.c"), Some(0));
+        // it answers again (back in the cluster): it is chosen again
+        let h1 = w.clusters[0].hosts.find_or_add(b"h1").unwrap();
+        w.on_host_response(
+            0,
+            None,
+            HostResponse {
+                address: b"h1",
+                latency_us: Some(2000),
+                failed: false,
+                attempts: Some(1),
+                per_try_timeout_ms: None,
+            },
+        );
+        let named_again = (0..300)
+            .filter_map(|_| w.plan(Some(b"c"), None, &GET).hosts)
+            .filter(|pick| pick.primary == h1)
+            .count();
+        assert!(
+            named_again >= 30,
+            "h1 named {named_again} of 300 after answering"
+        );
+    }
+
+    /// A primary that lost the race (Envoy's retry of a 5xx the client
+    /// never sees, or a hedge) counts as failing; winning races do not.
+    #[test]
+    fn a_race_lost_counts_as_the_primary_failing() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        let h2 = w.clusters[0].hosts.find_or_add(b"h2").unwrap();
+        let pick = HostPick {
+            primary: h2,
+            hedge: None,
+        };
+        // Envoy's retries of a failed h2 went to h0, 2 ms after the start
+        for _ in 0..3 {
+            w.on_host_response(
+                0,
+                Some(pick),
+                HostResponse {
+                    address: b"h0",
+                    latency_us: Some(2000),
+                    failed: false,
+                    attempts: Some(2),
+                    per_try_timeout_ms: Some(10),
+                },
+            );
+        }
+        w.sync(T0 + 200, &store, &mut log);
+        let hosts = w.cluster(0).unwrap().hosts();
+        let h2 = hosts.iter_known().find(|h| h.address == "h2").unwrap();
+        assert!(h2.probation, "{h2:?}");
+        // healthy hosts: hedged requests (one in ten) whose primaries lose
+        // half the races, evenly spread: nobody on probation
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        three_known_hosts(&mut w, &store, &mut log);
+        for i in 0..300 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
+                continue;
+            };
+            let (winner, attempts) = match i % 20 {
+                0 => ((pick.primary + 1) % 3, 2),
+                10 => (pick.primary, 2),
+                _ => (pick.primary, 1),
+            };
+            let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
+            w.on_host_response(
+                id,
+                Some(pick),
+                HostResponse {
+                    address: address.as_bytes(),
+                    latency_us: Some(if attempts == 2 { 12_000 } else { 2_000 }),
+                    failed: false,
+                    attempts: Some(attempts),
+                    per_try_timeout_ms: Some(10),
+                },
+            );
+            w.end_pick(id, pick);
+        }
+        w.sync(T0 + 400, &store, &mut log);
+        let hosts = w.cluster(0).unwrap().hosts();
+        assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 0);
     }
 
     #[test]

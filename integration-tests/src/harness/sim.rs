@@ -24,7 +24,8 @@
 //! - `upgrade: websocket`: `101 Switching Protocols`, then every byte sent
 //!   is echoed back.
 //!
-//! - `x-sim-status: N`: answer with status N (every attempt).
+//! - `x-sim-status: N`: answer with status N (every attempt); without it,
+//!   the host's status (`Simulator::set_status`), else 200.
 //! - `x-sim-fault: reset`: close the connection after the delay, before any
 //!   response; `reset-mid-body`: headers and a first chunk, then a reset.
 //!
@@ -233,6 +234,8 @@ struct HostStats {
 struct Host {
     index: usize,
     model: Mutex<Latency>,
+    /// Every response's status unless the request says (0: 200).
+    status: AtomicU64,
     stats: HostStats,
 }
 
@@ -272,6 +275,7 @@ impl Simulator {
                 Arc::new(Host {
                     index,
                     model: Mutex::new(model),
+                    status: AtomicU64::new(0),
                     stats: HostStats::default(),
                 })
             })
@@ -347,6 +351,15 @@ impl Simulator {
     pub fn set_model(&self, host: usize, model: Latency) {
         if let Some(h) = self.shared.hosts.get(host) {
             *h.model.lock().unwrap() = model;
+        }
+    }
+
+    /// Makes `host` answer every request with `status` (`None`: 200),
+    /// after its model's latency.
+    pub fn set_status(&self, host: usize, status: Option<u16>) {
+        if let Some(h) = self.shared.hosts.get(host) {
+            h.status
+                .store(status.map_or(0, u64::from), Ordering::SeqCst);
         }
     }
 
@@ -552,7 +565,11 @@ async fn handle(
         };
         return Ok(stream_response(guard, attempt, delay, stream, false, fault));
     }
-    let status = header_ms(&req, "x-sim-status").unwrap_or(200);
+    let status =
+        header_ms(&req, "x-sim-status").unwrap_or(match host.status.load(Ordering::SeqCst) {
+            0 => 200,
+            s => s,
+        });
     let is_head = req.method() == hyper::Method::HEAD;
     let req_body_empty = req
         .headers()
