@@ -31,6 +31,17 @@ pub enum LatencySignal {
     FirstByte,
 }
 
+/// What the filter does with the requests it would arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Arm Envoy's hedging.
+    Hedge,
+    /// Learn and decide, never arm (nor choose a host): the metrics say
+    /// what hedging would have done. The safe way to try the filter.
+    Shadow,
+}
+
 /// Which filter chain this instance of the module sits in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -330,6 +341,8 @@ settings! {
     policy {
         /// Turns hedging off for the cluster.
         disabled: bool = false, Ok;
+        /// `hedge`, or `shadow`: decide, never arm; the metrics tell what hedging would do.
+        mode: Mode = Mode::Hedge, Ok;
         /// Hedge after this quantile of the cluster's latency (0.9 = p90).
         percentile: f64 = 0.9, percentile_rule;
         /// Extra attempts allowed, in percent of the requests received.
@@ -346,6 +359,8 @@ settings! {
             vec!["GET".into(), "HEAD".into(), "OPTIONS".into()], methods_rule;
         /// `x-envoy-retry-on` of armed requests.
         retry_on: Arc<str> = "5xx".into(), retry_on_rule;
+        /// The routes' own `num_retries` (Istio's default: 2): `x-envoy-max-retries` replaces it, so armed requests get at least this many.
+        route_retries: u32 = 0, |n| within(n, 0, 10, " retries (the routes' num_retries)");
         /// Named routes of the cluster that learn a delay of their own (0: one delay for the whole cluster).
         max_routes: usize = 8,
             |n| within(n, 0, MAX_ROUTES, " routes per cluster");
@@ -718,6 +733,8 @@ mod tests {
                 "idempotent_methods",
             ),
             (r#"{"retry_on": "sometimes"}"#, "retry_on"),
+            (r#"{"route_retries": 11}"#, "route_retries"),
+            (r#"{"mode": "dark"}"#, "mode"),
             (r#"{"latency_signal": "trailers"}"#, "latency_signal"),
             (r#"{"trust_client_headers": "yes"}"#, "trust_client_headers"),
             (r#"{"max_clusters": 0}"#, "max_clusters"),

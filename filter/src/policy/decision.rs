@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use super::budget::LocalBudget;
-use super::config::{ClusterPolicy, Config, LatencySignal};
+use super::config::{ClusterPolicy, Config, LatencySignal, Mode};
 use super::hedge_delay::HedgeDelay;
 use super::hosts::{HostPick, Hosts};
 use crate::headers::{
@@ -129,11 +129,18 @@ pub enum Decision {
 pub struct Arming {
     /// The hedge delay, in the router's millisecond resolution.
     pub per_try_timeout_ms: u64,
-    /// Hedges paid for (at most `max_hedges`): `x-envoy-max-retries`.
+    /// Hedges paid for (at most `max_hedges`).
     pub hedges: u32,
+    /// `x-envoy-max-retries`: the hedges, or the route's own retries if
+    /// more (the header replaces the route's `num_retries`; hedges and
+    /// retries share the count).
+    pub max_retries: u32,
     pub retry_on: Arc<str>,
     /// Mark the request for the upstream role's first-byte hold.
     pub first_byte_marker: bool,
+    /// `mode: shadow`: decided, not armed; settled as if it had been, from
+    /// the response's time (would the hedge have been sent?).
+    pub shadow: bool,
 }
 
 /// Why a request was not armed.
@@ -198,6 +205,8 @@ pub struct Settlement {
     pub cohort: u64,
     /// The per-try timeout they were armed with (to tell early hedges).
     pub per_try_timeout_ms: u64,
+    /// Not armed (`mode: shadow`): the hedges are would-be hedges.
+    pub shadow: bool,
 }
 
 /// A request header value to set.
@@ -247,7 +256,10 @@ impl Arming {
         marker.into_iter().chain([
             // exactly "true": other spellings silently mean a plain retry
             (HEDGE_ON_PER_TRY_TIMEOUT, HeaderValue::Text("true")),
-            (MAX_RETRIES, HeaderValue::Number(u64::from(self.hedges))),
+            (
+                MAX_RETRIES,
+                HeaderValue::Number(u64::from(self.max_retries)),
+            ),
             (RETRY_ON, HeaderValue::Text(&self.retry_on)),
             (
                 PER_TRY_TIMEOUT,
@@ -279,8 +291,10 @@ impl Decision {
     pub fn describe(&self) -> String {
         match self {
             Decision::Arm(a) => format!(
-                "armed; delay_ms={}; hedges={}",
-                a.per_try_timeout_ms, a.hedges
+                "{}; delay_ms={}; hedges={}",
+                if a.shadow { "shadow" } else { "armed" },
+                a.per_try_timeout_ms,
+                a.hedges
             ),
             Decision::Skip(s) => format!("skipped; reason={}", s.as_str()),
         }
@@ -296,6 +310,7 @@ impl Plan {
                 hedges: a.hedges,
                 cohort: self.cohort,
                 per_try_timeout_ms: a.per_try_timeout_ms,
+                shadow: a.shadow,
             }),
             _ => None,
         }
@@ -332,7 +347,9 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     };
     // A client's own host header stands where clients are trusted.
     let client_chose = config.trust_client_headers && request.client_endpoint;
+    // a shadow changes nothing, the host included
     let hosts = tracked
+        .filter(|view| view.policy.mode == Mode::Hedge)
         .and_then(|view| Some((view, view.hosts?)))
         .filter(|_| !client_chose)
         .and_then(|(view, hosts)| {
@@ -346,6 +363,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let mut strip = match &decision {
         // The armed headers replace the client's; a client's marker goes
         // unless this request is marked anyway.
+        Decision::Arm(a) if a.shadow => Strip::client_sent(request),
         Decision::Arm(a) => Strip {
             control: false,
             marker: request.client_marker && !a.first_byte_marker,
@@ -425,8 +443,10 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
         hedges => Decision::Arm(Arming {
             per_try_timeout_ms: delay.per_try_timeout_ms,
             hedges,
+            max_retries: hedges.max(policy.route_retries),
             retry_on: Arc::clone(&policy.retry_on),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
+            shadow: policy.mode == Mode::Shadow,
         }),
     }
 }
@@ -526,7 +546,8 @@ mod tests {
                 cluster: 3,
                 hedges: 1,
                 cohort: 0,
-                per_try_timeout_ms: 8
+                per_try_timeout_ms: 8,
+                shadow: false,
             })
         );
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");

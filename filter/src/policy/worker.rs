@@ -11,12 +11,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::budget::LocalBudget;
-use super::config::{ClusterPolicy, Config};
+use super::config::{ClusterPolicy, Config, Mode};
 use super::decision::{
     self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request, RouteId,
     Settlement, Skip,
 };
-use super::hedge_delay::{budget_terms, hedge_delay, trigger_quantile, HedgeDelay};
+use super::hedge_delay::{
+    budget_terms, hedge_delay, hedged_quantile, trigger_quantile, HedgeDelay,
+};
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::routes::Routes;
 use super::shared_state::{
@@ -72,6 +74,12 @@ metric_set! {
         /// 1 while the cluster is seen to ignore the host header (no
         /// `override_host` policy): the filter stops choosing for a while.
         HostChoiceIgnored = ("host_choice_ignored", Gauge),
+        /// `mode: shadow`: requests that would have been armed, the hedges
+        /// they would have sent (they outlived the delay), and the p99 the
+        /// window's latency would have had with them (µs).
+        ShadowArmed = ("shadow_armed_total", Counter),
+        ShadowHedges = ("shadow_hedges_total", Counter),
+        ShadowP99Us = ("shadow_p99_us", Gauge),
     }
 }
 
@@ -125,6 +133,8 @@ pub struct ClusterState {
     reset_logged: bool,
     /// Size of the cluster's shared value at the last sync.
     shared_bytes: usize,
+    /// `mode: shadow`: the p99 the window would have had with hedging.
+    shadow_p99_us: Option<f64>,
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
     /// The cluster's hosts (`host_choice`).
@@ -150,6 +160,7 @@ impl ClusterState {
             requests_this_tick: 0,
             timer: TimerSlack::default(),
             sent_unsynced: 0,
+            shadow_p99_us: None,
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
@@ -212,8 +223,12 @@ impl ClusterState {
                 let delay_us = a.per_try_timeout_ms * 1000;
                 self.budget
                     .reserve(a.hedges, delay_us.div_ceil(tick_us.max(1)));
-                self.metrics
-                    .add(ClusterMetric::HedgesArmed, u64::from(a.hedges));
+                let metric = if a.shadow {
+                    ClusterMetric::ShadowArmed
+                } else {
+                    ClusterMetric::HedgesArmed
+                };
+                self.metrics.add(metric, u64::from(a.hedges));
             }
             Decision::Skip(Skip::BudgetExhausted) => {
                 self.metrics.add(ClusterMetric::BudgetExhausted, 1)
@@ -443,8 +458,17 @@ impl Worker {
             Some(a) => a.saturating_sub(1),
             None => u64::from(reserved),
         };
-        let sent = u32::try_from(extra).unwrap_or(u32::MAX).min(reserved);
+        // every extra attempt is charged, also past the hedges reserved:
+        // with the route's own retries in `x-envoy-max-retries` Envoy may
+        // retry a failure, or hedge again at the next per-try timeout
+        let sent = u32::try_from(extra).unwrap_or(u32::MAX);
         state.budget.settle(settlement.cohort, reserved, sent);
+        if settlement.shadow {
+            // the budget as it would have been; nothing was sent
+            state.metrics.add(ClusterMetric::ShadowHedges, extra);
+            return;
+        }
+        state.sent_unsynced += extra;
         if let Some(latency_us) = latency_us {
             let early = sent > 0 && latency_us < settlement.per_try_timeout_ms * 1000;
             state.timer.observe(sent > 0, early);
@@ -453,10 +477,10 @@ impl Worker {
             }
         }
         state.metrics.add(ClusterMetric::HedgesSent, extra);
-        state
-            .metrics
-            .add(ClusterMetric::HedgesRefunded, u64::from(reserved - sent));
-        state.sent_unsynced += extra;
+        state.metrics.add(
+            ClusterMetric::HedgesRefunded,
+            u64::from(reserved.saturating_sub(sent)),
+        );
     }
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
@@ -607,7 +631,8 @@ impl Worker {
         state.sent_unsynced = 0;
         state.budget = budget;
         state.shared_bytes = shared.bytes;
-        state.window_samples = shared.value.window.snapshot(now_ms).count();
+        let window = shared.value.window.snapshot(now_ms);
+        state.window_samples = window.count();
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
         state.timer.tick(1.0 - trigger_quantile(&state.policy));
@@ -620,6 +645,11 @@ impl Worker {
             censored_at,
         )
         .map(|d| state.timer.apply(d, &state.policy));
+        state.shadow_p99_us = match (state.policy.mode, state.hedge_delay) {
+            // in shadow mode the window's samples are unhedged
+            (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
+            _ => None,
+        };
         state.hosts_summary = state.hosts.refresh(&shared.value.hosts);
         let (checks, misses) = state.hosts.take_override_checks();
         state.override_check.add(checks, misses);
@@ -688,6 +718,7 @@ impl Worker {
                 state.window_samples,
             );
             let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
+            let shadow_p99 = state.shadow_p99_us.map(|us| us.round() as u64);
             state.metrics.flush(sink, Some(&state.name), |m| match m {
                 ClusterMetric::HedgeDelayUs => Some(delay),
                 ClusterMetric::WindowSamples => Some(samples),
@@ -697,6 +728,7 @@ impl Worker {
                     Some((hosts.slowest_share * 1000.0).round() as u64)
                 }
                 ClusterMetric::HostChoiceIgnored => Some(u64::from(ignored)),
+                ClusterMetric::ShadowP99Us => shadow_p99,
                 _ => None,
             });
             state.routes.flush_metrics(sink, &state.name);

@@ -62,6 +62,9 @@ pub struct DownstreamRequest<H: Host> {
     sample: Option<(ClusterId, Option<RouteId>, u64)>,
     /// Hedges paid for when armed; settled when the stream ends.
     settlement: Option<Settlement>,
+    /// `mode: shadow`: when the request started (its would-be hedges are
+    /// settled by whether it outlived the delay).
+    shadow_started_ns: Option<u64>,
 }
 
 impl<H: Host> DownstreamRequest<H> {
@@ -105,6 +108,7 @@ impl<H: Host> DownstreamRequest<H> {
             per_try_timeout_ms: None,
             sample: None,
             settlement: None,
+            shadow_started_ns: None,
         }
     }
 
@@ -159,7 +163,14 @@ impl<H: Host> DownstreamRequest<H> {
             }
         }
         if let Decision::Arm(arming) = &plan.decision {
-            if self.arm(arming) {
+            if arming.shadow {
+                // nothing is set: settled from the response's time
+                self.settlement = plan.settlement();
+                self.shadow_started_ns = match self.sample {
+                    Some((_, _, started)) => Some(started),
+                    None => self.host.now_ns().ok(),
+                };
+            } else if self.arm(arming) {
                 self.settlement = plan.settlement();
                 self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
             } else {
@@ -211,6 +222,22 @@ impl<H: Host> DownstreamRequest<H> {
         if let Ok(mut worker) = worker.try_borrow_mut() {
             worker.settle(settlement, attempts, latency_us);
         }
+    }
+
+    /// `mode: shadow`: the attempts Envoy would have made, had the request
+    /// been armed: its hedges if it has outlived the delay by now.
+    fn shadow_attempts(&self) -> Option<u64> {
+        let (started, settlement) = (self.shadow_started_ns?, self.settlement?);
+        let now = self.host.now_ns().ok()?;
+        let delay_ns = settlement.per_try_timeout_ms.saturating_mul(1_000_000);
+        let outlived = now.saturating_sub(started) >= delay_ns;
+        Some(
+            1 + if outlived {
+                u64::from(settlement.hedges)
+            } else {
+                0
+            },
+        )
     }
 
     /// The decision and hosts are told (debug header, filter state).
@@ -319,7 +346,11 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         // The router has committed to an attempt: no more hedges will start,
         // and what was not sent goes back to the budget now, not when a long
         // (or streamed) response ends.
-        self.settle(attempts, latency_us);
+        let settled_attempts = match self.shadow_started_ns {
+            Some(_) => self.shadow_attempts(),
+            None => attempts,
+        };
+        self.settle(settled_attempts, latency_us);
         // In first-byte mode the host is judged on the first byte.
         let host = if self.signal == LatencySignal::Headers || end_of_stream {
             self.report_host(timed, origin, latency_us, attempts)
@@ -367,7 +398,11 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     /// A stream that ends without response headers (a client that went
     /// away) is settled here.
     fn on_log(&mut self) {
-        self.settle(self.settlement.and_then(|_| self.attempts()), None);
+        let attempts = match self.shadow_started_ns {
+            Some(_) => self.shadow_attempts(),
+            None => self.settlement.and_then(|_| self.attempts()),
+        };
+        self.settle(attempts, None);
         if let (Some(cluster), Some(pick), Some(worker)) =
             (self.host_cluster.take(), self.pick.take(), &self.worker)
         {
@@ -498,6 +533,42 @@ mod tests {
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         assert_eq!(stat(&host, "hedges_sent_total"), 2);
         assert_eq!(stat(&host, "requests_total"), 153);
+    }
+
+    /// `mode: shadow`: decided, nothing set (no arming header, no host),
+    /// and the requests that outlived the delay counted as would-be hedges.
+    #[test]
+    fn a_shadow_sets_nothing_and_counts_what_it_would_have_sent() {
+        let (host, mut plugin) = warmed(r#"{"mode": "shadow", "debug_header": true}"#);
+        let fast = exchange(&host, &plugin, GET, 2, 1);
+        assert!(
+            host.state()
+                .request_headers
+                .iter()
+                .all(|(n, _)| !n.starts_with("x-envoy-") && n != ENDPOINT_HEADER),
+            "{:?}",
+            host.state().request_headers
+        );
+        assert!(fast.decision.is_some());
+        let debug = host.response_header_text(DEBUG_HEADER).unwrap_or_default();
+        assert!(debug.starts_with("shadow; delay_ms="), "{debug}");
+        exchange(&host, &plugin, GET, 60, 1); // outlived its delay
+        plugin.on_tick();
+        assert_eq!(stat(&host, "shadow_armed_total"), 2);
+        assert_eq!(stat(&host, "shadow_hedges_total"), 1);
+        assert_eq!(stat(&host, "hedges_armed_total"), 0);
+        assert_eq!(stat(&host, "hedges_sent_total"), 0);
+        assert!(stat(&host, "shadow_p99_us") > 0);
+    }
+
+    /// `route_retries`: the route's retries are not lowered by arming.
+    #[test]
+    fn armed_requests_keep_the_routes_retries() {
+        let (host, plugin) = warmed(r#"{"route_retries": 2}"#);
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("2"));
     }
 
     #[test]

@@ -25,7 +25,8 @@
 //!   is echoed back.
 //!
 //! - `x-sim-status: N`: answer with status N (every attempt); without it,
-//!   the host's status (`Simulator::set_status`), else 200.
+//!   the host's status (`Simulator::set_status`, `set_flaky`: a share of
+//!   its requests), else 200.
 //! - `x-sim-fault: reset`: close the connection after the delay, before any
 //!   response; `reset-mid-body`: headers and a first chunk, then a reset.
 //!
@@ -234,8 +235,10 @@ struct HostStats {
 struct Host {
     index: usize,
     model: Mutex<Latency>,
-    /// Every response's status unless the request says (0: 200).
+    /// Every response's status unless the request says (0: 200)...
     status: AtomicU64,
+    /// ... for this share of the requests (per mille).
+    status_permille: AtomicU64,
     stats: HostStats,
 }
 
@@ -276,6 +279,7 @@ impl Simulator {
                     index,
                     model: Mutex::new(model),
                     status: AtomicU64::new(0),
+                    status_permille: AtomicU64::new(1000),
                     stats: HostStats::default(),
                 })
             })
@@ -357,7 +361,17 @@ impl Simulator {
     /// Makes `host` answer every request with `status` (`None`: 200),
     /// after its model's latency.
     pub fn set_status(&self, host: usize, status: Option<u16>) {
+        self.set_flaky(host, status, 1.0);
+    }
+
+    /// Makes `host` answer `share` of its requests (at random) with
+    /// `status` (`None`: all 200).
+    pub fn set_flaky(&self, host: usize, status: Option<u16>, share: f64) {
         if let Some(h) = self.shared.hosts.get(host) {
+            h.status_permille.store(
+                (share.clamp(0.0, 1.0) * 1000.0).round() as u64,
+                Ordering::SeqCst,
+            );
             h.status
                 .store(status.map_or(0, u64::from), Ordering::SeqCst);
         }
@@ -565,11 +579,16 @@ async fn handle(
         };
         return Ok(stream_response(guard, attempt, delay, stream, false, fault));
     }
-    let status =
-        header_ms(&req, "x-sim-status").unwrap_or(match host.status.load(Ordering::SeqCst) {
-            0 => 200,
-            s => s,
-        });
+    let host_status = match host.status.load(Ordering::SeqCst) {
+        0 => 200,
+        s if rand::thread_rng().gen_range(0..1000)
+            < host.status_permille.load(Ordering::SeqCst) =>
+        {
+            s
+        }
+        _ => 200,
+    };
+    let status = header_ms(&req, "x-sim-status").unwrap_or(host_status);
     let is_head = req.method() == hyper::Method::HEAD;
     let req_body_empty = req
         .headers()

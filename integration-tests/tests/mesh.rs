@@ -1,0 +1,164 @@
+//! The filter among the settings a mesh already has: the routes' own
+//! retry policy (Istio's default) is not weakened by arming.
+
+mod common;
+
+use integration_tests::harness::envoy::{filter_stat_name, free_port, Envoy, EnvoyOptions};
+use integration_tests::harness::load;
+use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::runtime;
+use std::time::Duration;
+
+/// Istio's default route retry policy, on both routes of the backend
+/// cluster: 2 retries on connect-failure, refused-stream, unavailable,
+/// cancelled and 503, never twice on one host.
+const ISTIO_RETRIES: &str = r#"                          route:
+                            cluster: backend
+                            retry_policy:
+                              retry_on: connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes
+                              retriable_status_codes: [503]
+                              num_retries: 2
+                              retry_host_predicate:
+                                - name: envoy.retry_host_predicates.previous_hosts
+                                  typed_config:
+                                    "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                              host_selection_retry_max_attempts: 5
+"#;
+
+/// Client errors (non-200) of `requests` GETs at 300 req/s after 1,500
+/// warm-up requests, through `config` with Istio's retries in front of
+/// `ports`, and the filter's stats.
+fn client_errors(config: &str, plugin_config: Option<&str>, ports: &[u16]) -> (u64, String) {
+    let mut options = EnvoyOptions::new(config, ports).four_backend_hosts().edit(
+        "                          route: { cluster: backend }\n",
+        ISTIO_RETRIES,
+    );
+    if let Some(plugin_config) = plugin_config {
+        options = options.plugin_config(plugin_config);
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    let run = runtime().block_on(async {
+        load::closed_loop(&client, &url, 4, 1500, Duration::from_secs(5)).await;
+        load::open_loop(&client, &url, 300.0, 3000, Duration::from_secs(5)).await
+    });
+    eprintln!("{config}: {}", run.summary());
+    let stats = envoy.filter_stats("backend");
+    if plugin_config.is_some() {
+        let armed = envoy
+            .stats()
+            .get(&filter_stat_name("hedges_armed_total", "backend"))
+            .copied()
+            .unwrap_or_default();
+        assert!(armed >= 300, "the filter armed {armed}: {stats}");
+    }
+    envoy.assert_no_vm_failure();
+    (run.sent - run.ok(), stats)
+}
+
+/// Client errors without the filter and with it (`route_retries: 2`),
+/// hosts answering 503 to `share` of requests, and with `refusing` a
+/// fourth host that refuses connections.
+fn errors_without_and_with(share: f64, refusing: bool) -> (u64, u64, String) {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    for host in 0..3 {
+        sim.set_flaky(host, Some(503), share);
+    }
+    let mut ports = sim.ports().to_vec();
+    // nothing listens there; without `refusing`, a working host again
+    ports.push(if refusing { free_port() } else { ports[0] });
+    let (without, _) = client_errors("envoy-baseline.yaml", None, &ports);
+    let (with, stats) = client_errors(
+        "envoy.yaml",
+        Some(r#"{"route_retries": 2, "min_samples": 50}"#),
+        &ports,
+    );
+    eprintln!(
+        "503 from {:.0}% of requests{}: client errors {without} without the filter, {with} with it",
+        100.0 * share,
+        if refusing { ", a host refusing" } else { "" }
+    );
+    (without, with, stats)
+}
+
+/// Istio's default retries (3 attempts) in front of flaky hosts: without
+/// the filter a request fails when all three attempts fail. Arming
+/// replaces the route's `num_retries` with `x-envoy-max-retries`: at one
+/// (the hedge alone) a request failed after two attempts (measured: at
+/// 50% 503s, errors doubled); with `route_retries: 2` the filter keeps
+/// three, and its host choice keeps requests off a host that refuses
+/// connections. Allowed: the errors without the filter plus noise (15%
+/// and 15 requests).
+#[test]
+fn the_routes_retries_are_kept() {
+    for (share, refusing) in [(0.5, false), (0.3, true)] {
+        let (without, with, stats) = errors_without_and_with(share, refusing);
+        assert!(
+            without >= 50,
+            "the workload should fail some requests: {without}"
+        );
+        assert!(
+            with as f64 <= without as f64 * 1.15 + 15.0,
+            "{with} errors with the filter, {without} without: {stats}"
+        );
+    }
+}
+
+/// `mode: shadow` through Envoy: not one upstream attempt more than the
+/// client's requests, no host named; the metrics say what hedging would
+/// have done: the requests it would have armed, the hedges they would have
+/// sent, and the p99 it estimates (well under the p99 the client got).
+#[test]
+fn a_shadow_adds_no_upstream_attempt_and_says_what_hedging_would_do() {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"mode": "shadow", "debug_header": true, "min_samples": 50}"#),
+    )
+    .unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    let (warm_up, run) = runtime().block_on(async {
+        let warm_up = common::warm_up(&client, &envoy, "/", 300, 4).await;
+        let run = load::open_loop(&client, &url, 300.0, 3000, Duration::from_secs(5)).await;
+        (warm_up, run)
+    });
+    assert_eq!(run.ok(), 3000, "{}", run.summary());
+    let counts = sim.settle(Duration::from_secs(3));
+    assert_eq!(
+        counts.arrivals,
+        warm_up + 3000,
+        "upstream attempts against client requests: {:?}",
+        sim.counts()
+    );
+    let name = |metric: &str| filter_stat_name(metric, "backend");
+    let stats = envoy.wait_for_stats("the shadow's estimate", |s| {
+        s.get(&name("shadow_p99_us")).is_some_and(|&us| us > 0)
+    });
+    let get = |metric: &str| stats.get(&name(metric)).copied().unwrap_or_default();
+    let (armed, hedges) = (get("shadow_armed_total"), get("shadow_hedges_total"));
+    let report = envoy.filter_stats("backend");
+    assert!(armed >= 2500, "{report}");
+    assert!(
+        hedges * 50 >= armed && hedges * 5 <= armed,
+        "would-be hedges {hedges} of {armed}: {report}"
+    );
+    assert_eq!(get("hedges_armed_total"), 0, "{report}");
+    assert_eq!(get("hedges_sent_total"), 0, "{report}");
+    assert_eq!(get("host_picks_total"), 0, "{report}");
+    let estimate_ms = get("shadow_p99_us") as f64 / 1000.0;
+    let delay_ms = get("hedge_delay_us") as f64 / 1000.0;
+    eprintln!(
+        "shadow: p99 {:.1} ms unhedged, {estimate_ms:.1} ms estimated with hedging after {delay_ms:.1} ms; {hedges} would-be hedges of {armed}",
+        run.ms(0.99)
+    );
+    assert!(
+        estimate_ms > delay_ms && estimate_ms < 0.6 * run.ms(0.99),
+        "estimated p99 {estimate_ms} ms, delay {delay_ms} ms, client p99 {}: {report}",
+        run.ms(0.99)
+    );
+    envoy.assert_no_vm_failure();
+}
