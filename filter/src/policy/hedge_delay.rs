@@ -109,19 +109,7 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Opt
         return None;
     }
     let target = 1.0 - q.clamp(0.0, 1.0);
-    // (value, share of the samples above it), ascending
-    let mut above = n;
-    let survival: Vec<(f64, f64)> = samples
-        .buckets()
-        .map(|(value, count)| {
-            above = above.saturating_sub(count);
-            (value, above as f64 / n as f64)
-        })
-        .collect();
-    let step = |points: &[(f64, f64)], y: f64| -> Option<f64> {
-        let i = points.partition_point(|(v, _)| *v <= y);
-        i.checked_sub(1).and_then(|i| points.get(i)).map(|p| p.1)
-    };
+    let survival = survival_points(samples, n);
     let d = censored_at_us.max(0.0);
     let mut rebuilt: Vec<(f64, f64)> = Vec::new();
     let mut last = 1.0f64;
@@ -131,9 +119,9 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Opt
         } else {
             let y = value - d;
             let below = if y < d {
-                step(&survival, y).unwrap_or(1.0)
+                survival_at(&survival, y).unwrap_or(1.0)
             } else {
-                step(&rebuilt, y).unwrap_or(1.0)
+                survival_at(&rebuilt, y).unwrap_or(1.0)
             };
             if below > 0.0 {
                 (observed / below).min(last)
@@ -152,6 +140,26 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Opt
     survival.last().map(|p| p.0)
 }
 
+/// (value, share of the `n` samples above it) at each non-empty bucket,
+/// ascending.
+fn survival_points(samples: &Sketch, n: u64) -> Vec<(f64, f64)> {
+    let mut above = n;
+    samples
+        .buckets()
+        .map(|(value, count)| {
+            above = above.saturating_sub(count);
+            (value, above as f64 / n as f64)
+        })
+        .collect()
+}
+
+/// The survival at `y` of a step function given by `points` (`None`
+/// below the first point).
+fn survival_at(points: &[(f64, f64)], y: f64) -> Option<f64> {
+    let i = points.partition_point(|(v, _)| *v <= y);
+    i.checked_sub(1).and_then(|i| points.get(i)).map(|p| p.1)
+}
+
 /// The `q` quantile of latency `samples` (not hedged) would have if every
 /// request were hedged after `delay_us` with one hedge: a hedged request
 /// takes min(P, d + H), P and H independent draws of the same latency, so
@@ -163,20 +171,8 @@ pub fn hedged_quantile(samples: &Sketch, delay_us: f64, q: f64) -> Option<f64> {
         return None;
     }
     let target = 1.0 - q.clamp(0.0, 1.0);
-    let mut above = n;
-    let survival: Vec<(f64, f64)> = samples
-        .buckets()
-        .map(|(value, count)| {
-            above = above.saturating_sub(count);
-            (value, above as f64 / n as f64)
-        })
-        .collect();
-    let at = |y: f64| -> f64 {
-        let i = survival.partition_point(|(v, _)| *v <= y);
-        i.checked_sub(1)
-            .and_then(|i| survival.get(i))
-            .map_or(1.0, |p| p.1)
-    };
+    let survival = survival_points(samples, n);
+    let at = |y: f64| survival_at(&survival, y).unwrap_or(1.0);
     let d = delay_us.max(0.0);
     // the hedged survival steps at the samples' values and at those
     // values plus the delay (a hedge's answer)

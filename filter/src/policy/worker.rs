@@ -1415,17 +1415,7 @@ mod tests {
             let latency_us = if host == slow { 20_000 } else { 2_000 };
             w.on_response(id, plan.route, latency_us);
             let address = format!("h{host}");
-            w.on_host_response(
-                id,
-                plan.hosts,
-                HostResponse {
-                    address: address.as_bytes(),
-                    latency_us: Some(latency_us),
-                    failed: false,
-                    attempts: Some(1),
-                    per_try_timeout_ms: None,
-                },
-            );
+            answer(w, id, plan.hosts, &address, 1, latency_us, None);
             if let Some(pick) = plan.hosts {
                 w.end_pick(id, pick);
             }
@@ -1488,17 +1478,7 @@ mod tests {
             };
             rr += 1;
             let address = format!("h{}", rr % 3);
-            w.on_host_response(
-                id,
-                Some(pick),
-                HostResponse {
-                    address: address.as_bytes(),
-                    latency_us: Some(2000),
-                    failed: false,
-                    attempts: Some(1),
-                    per_try_timeout_ms: None,
-                },
-            );
+            answer(&mut w, id, Some(pick), &address, 1, 2000, None);
             w.end_pick(id, pick);
         }
         w.sync(T0 + 200, &store, &mut log);
@@ -1508,6 +1488,30 @@ mod tests {
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.host_choice_ignored.c"), Some(1));
+    }
+
+    /// Envoy's answer to a request the worker chose `pick` for: a success
+    /// from `address` after `attempts` attempts and `latency_us`.
+    fn answer(
+        w: &mut Worker,
+        id: ClusterId,
+        pick: Option<HostPick>,
+        address: &str,
+        attempts: u64,
+        latency_us: u64,
+        per_try_timeout_ms: Option<u64>,
+    ) {
+        w.on_host_response(
+            id,
+            pick,
+            HostResponse {
+                address: address.as_bytes(),
+                latency_us: Some(latency_us),
+                failed: false,
+                attempts: Some(attempts),
+                per_try_timeout_ms,
+            },
+        );
     }
 
     /// Hosts h0..h2 learned and shared (one tick), all equally fast.
@@ -1543,17 +1547,7 @@ mod tests {
                 other => other,
             }
             .to_string();
-            w.on_host_response(
-                id,
-                Some(pick),
-                HostResponse {
-                    address: address.as_bytes(),
-                    latency_us: Some(2000),
-                    failed: false,
-                    attempts: Some(1),
-                    per_try_timeout_ms: None,
-                },
-            );
+            answer(&mut w, id, Some(pick), &address, 1, 2000, None);
             w.end_pick(id, pick);
         }
         assert!(named_h1 >= 50, "h1 named {named_h1} times before the tick");
@@ -1640,16 +1634,14 @@ mod tests {
                 _ => (pick.primary, 1),
             };
             let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
-            w.on_host_response(
+            answer(
+                &mut w,
                 id,
                 Some(pick),
-                HostResponse {
-                    address: address.as_bytes(),
-                    latency_us: Some(if attempts == 2 { 12_000 } else { 2_000 }),
-                    failed: false,
-                    attempts: Some(attempts),
-                    per_try_timeout_ms: Some(10),
-                },
+                &address,
+                attempts,
+                if attempts == 2 { 12_000 } else { 2_000 },
+                Some(10),
             );
             w.end_pick(id, pick);
         }
