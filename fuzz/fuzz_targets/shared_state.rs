@@ -12,7 +12,7 @@ use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::Request;
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
-    cluster_key, Registry, SharedCluster, SharedStore, REGISTRY_KEY,
+    cluster_key, registry_key, Registry, SharedCluster, SharedStore,
 };
 use adaptive_hedge::policy::window::WindowGeometry;
 use adaptive_hedge::policy::worker::Worker;
@@ -41,8 +41,8 @@ fuzz_target!(|data: &[u8]| {
     let mut worker = Worker::new(Arc::new(config));
     let store = MemoryStore::default();
     let split = data.len() / 2;
-    let _ = store.set(REGISTRY_KEY, &data[..split], 0);
-    let _ = store.set(&cluster_key("backend"), &data[split..], 0);
+    let _ = store.set(&registry_key(geometry), &data[..split], 0);
+    let _ = store.set(&cluster_key(geometry, "backend"), &data[split..], 0);
     for i in 0..3u64 {
         let get = Request {
             method: b"GET",
@@ -57,7 +57,7 @@ fuzz_target!(|data: &[u8]| {
         }
         worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
     }
-    if let Ok(Some((bytes, _))) = store.get(&cluster_key("backend")) {
+    if let Ok(Some((bytes, _))) = store.get(&cluster_key(geometry, "backend")) {
         assert!(
             SharedCluster::decode(&bytes, geometry).is_ok(),
             "the worker left a value that does not decode"

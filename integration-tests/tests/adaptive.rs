@@ -183,18 +183,31 @@ fn each_route_learns_its_own_delay() {
     let cluster_ms = common::learned_delay_ms(&envoy, "backend");
     runtime().block_on(async {
         for (path, route_ms) in [("/", d_cheap), ("/x10/", d_expensive)] {
+            // A worker that has not served the route yet arms its first
+            // request with the cluster's delay and takes the route's from
+            // its next tick (it registers the route on the tick, as it
+            // does clusters); a request may also find the worker's tokens
+            // spent. So: the route's delay within a second, on one
+            // connection (one worker).
             let mut connection = load::Connection::open(envoy.listener_port).await.unwrap();
-            let reply = connection.get(path, &[]).await.unwrap();
-            let armed: f64 = common::decision(&reply)
-                .split("delay_ms=")
-                .nth(1)
-                .and_then(|rest| rest.split(';').next())
-                .and_then(|ms| ms.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{path} not armed: {reply:?}"));
-            assert!(
-                (armed - route_ms).abs() <= 0.3 * route_ms + 2.0,
-                "{path}: armed with {armed} ms, its route learned {route_ms} ms (cluster {cluster_ms} ms)"
-            );
+            let deadline = std::time::Instant::now() + Duration::from_secs(1);
+            let mut seen = Vec::new();
+            loop {
+                let reply = connection.get(path, &[]).await.unwrap();
+                let armed = common::decision(&reply)
+                    .strip_prefix("armed; delay_ms=")
+                    .and_then(|rest| rest.split(';').next())
+                    .and_then(|ms| ms.trim().parse::<f64>().ok());
+                seen.push(common::decision(&reply).to_string());
+                if armed.is_some_and(|ms| (ms - route_ms).abs() <= 0.3 * route_ms + 2.0) {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{path}: its route learned {route_ms} ms (cluster {cluster_ms} ms), armed: {seen:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     });
     assert!(
@@ -316,8 +329,13 @@ fn two_workers_learn_together() {
                 .unwrap_or_else(|| panic!("not armed: {d:?}; {}", envoy.filter_stats("backend")))
         };
         let (da, db) = (delay(&da), delay(&db));
+        // the header shows the per-try timeout: the shared delay in whole
+        // ms, plus each worker's own timer slack (a 1 ms step, when its
+        // timers fired early), and the two answers may be a tick apart.
+        // Without the shared window the delays would be each worker's own
+        // 61 samples' quantile, and warm-up would not have ended at all.
         assert!(
-            (da - db).abs() <= 0.02 * da.max(db),
+            (da - db).abs() <= 1.0 + 0.02 * da.max(db),
             "worker delays {da} ms and {db} ms differ"
         );
     });

@@ -1,11 +1,12 @@
 //! What the workers keep in proxy-wasm shared memory, and its byte encoding.
 //!
-//! Two kinds of keys (same `vm_id` = same shared data):
-//! - `adaptive_hedge/v1/cluster/<name>`: the cluster's [`SharedCluster`]:
+//! Two kinds of keys (same `vm_id` = same shared data), both under
+//! `adaptive_hedge/v<encoding version>/slice_<ms>ms/` (`key_prefix`):
+//! - `cluster/<name>`: the cluster's [`SharedCluster`]:
 //!   its latency window, its long horizon, its budget pool, two lifetime
 //!   counters, the windows of its named routes (at most `max_routes`) and
 //!   its hosts' costs (at most `MAX_HOSTS`, for host choice);
-//! - `adaptive_hedge/v1/clusters`: the registry of tracked cluster names,
+//! - `clusters`: the registry of tracked cluster names,
 //!   which bounds how many cluster keys exist at all.
 //!
 //! Every value starts with a magic and a version. Anything that does not
@@ -17,9 +18,6 @@ use std::fmt;
 
 use super::sketch::{Sketch, MAX_KEY};
 use super::window::{ClusterWindow, LongHorizon, Slice, WindowGeometry, SLICES};
-
-pub const CLUSTER_KEY_PREFIX: &str = "adaptive_hedge/v1/cluster/";
-pub const REGISTRY_KEY: &str = "adaptive_hedge/v1/clusters";
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
 const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
@@ -40,8 +38,25 @@ pub const MAX_HOSTS: usize = 64;
 /// Longer `upstream.address` values are not tracked.
 pub const MAX_HOST_ADDRESS: usize = 255;
 
-pub fn cluster_key(name: &str) -> String {
-    format!("{CLUSTER_KEY_PREFIX}{name}")
+/// The shared keys carry the encoding version and the window's slice
+/// length: plugins of one VM id configured with different windows, or two
+/// filter versions side by side during an upgrade, keep apart instead of
+/// resetting each other's values on every tick.
+fn key_prefix(geometry: WindowGeometry) -> String {
+    format!(
+        "adaptive_hedge/v{ENCODING_VERSION}/slice_{}ms/",
+        geometry.slice_ms
+    )
+}
+
+/// The shared registry of tracked clusters.
+pub fn registry_key(geometry: WindowGeometry) -> String {
+    format!("{}clusters", key_prefix(geometry))
+}
+
+/// A cluster's shared value.
+pub fn cluster_key(geometry: WindowGeometry, name: &str) -> String {
+    format!("{}cluster/{name}", key_prefix(geometry))
 }
 
 /// Why a stored value was not usable.
@@ -438,7 +453,8 @@ pub enum StoreError {
 
 /// Shared memory as the workers see it (proxy-wasm `get/set_shared_data`).
 pub trait SharedStore {
-    /// The value and its CAS token, or `None` if the key was never written.
+    /// The value and its CAS token, or `None` if the key was never written
+    /// (a key holding an empty value is `Some`, with its token).
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError>;
     /// Writes if `cas` still matches the key's token (0: unconditional). A
     /// missing key is created whatever `cas` is (Envoy's host compares a

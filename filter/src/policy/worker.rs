@@ -22,8 +22,8 @@ use super::hedge_delay::{
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::routes::Routes;
 use super::shared_state::{
-    cluster_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError, CREATE_ONLY,
-    MAX_CLUSTER_NAME, REGISTRY_KEY,
+    cluster_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError,
+    CREATE_ONLY, MAX_CLUSTER_NAME,
 };
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
@@ -276,6 +276,11 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// The window's geometry (part of the shared keys).
+    pub fn geometry(&self) -> WindowGeometry {
+        self.geometry
+    }
+
     pub fn new(config: Arc<Config>) -> Self {
         let tick_us = u64::try_from(config.sync_interval.as_micros()).unwrap_or(u64::MAX);
         Worker {
@@ -511,11 +516,12 @@ impl Worker {
 
     fn register_pending(&mut self, store: &dyn SharedStore, log: &mut dyn Logger) {
         let max = self.config.max_clusters;
+        let key = registry_key(self.geometry);
         let clusters = &self.clusters;
         let mut outcome = Vec::new();
         let update = update_shared(
             store,
-            REGISTRY_KEY,
+            &key,
             Registry::decode,
             Registry::default,
             |registry| {
@@ -540,10 +546,7 @@ impl Worker {
             Registry::encode,
         );
         if let Some(e) = &update.reset {
-            log.log(
-                Level::Warn,
-                &format!("shared registry {REGISTRY_KEY} reset: {e}"),
-            );
+            log.log(Level::Warn, &format!("shared registry {key} reset: {e}"));
         }
         if self.account(update, log, "registry").is_none() {
             return;
@@ -587,7 +590,7 @@ impl Worker {
         let mut budget = state.budget.clone();
         let update = update_shared(
             store,
-            &cluster_key(&state.name),
+            &cluster_key(geometry, &state.name),
             |bytes| SharedCluster::decode(bytes, geometry),
             || SharedCluster::new(geometry),
             |shared| {
@@ -894,6 +897,13 @@ mod tests {
 
     const T0: u64 = 1_700_000_000_000;
 
+    /// The default window's geometry (30 s), which the shared keys carry.
+    const G30: WindowGeometry = WindowGeometry { slice_ms: 5_000 };
+
+    fn key(cluster: &str) -> String {
+        cluster_key(G30, cluster)
+    }
+
     const GET: Request = Request {
         method: b"GET",
         upgrade: false,
@@ -971,7 +981,7 @@ mod tests {
         }
         a.sync(T0 + 3000, &store, &mut log);
         b.sync(T0 + 3000, &store, &mut log);
-        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
         let shared = SharedCluster::decode(&bytes, WindowGeometry::new(*cfg.window)).unwrap();
         assert_eq!(shared.window.snapshot(T0 + 3000), all);
         assert_eq!(shared.requests_total, 3000);
@@ -1043,8 +1053,8 @@ mod tests {
 
     #[test]
     fn workers_creating_a_cluster_key_at_once_lose_no_samples() {
-        let store = first_ticks_interleaved(&cluster_key("c"), "c");
-        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let store = first_ticks_interleaved(&key("c"), "c");
+        let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
         let geometry = WindowGeometry::new(Duration::from_secs(30));
         let shared = SharedCluster::decode(&bytes, geometry).unwrap();
         assert_eq!(shared.requests_total, 60);
@@ -1053,8 +1063,8 @@ mod tests {
 
     #[test]
     fn workers_creating_the_registry_at_once_lose_no_cluster() {
-        let store = first_ticks_interleaved(REGISTRY_KEY, "d");
-        let (bytes, _) = store.get(REGISTRY_KEY).unwrap().unwrap();
+        let store = first_ticks_interleaved(&registry_key(G30), "d");
+        let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
         let mut names = Registry::decode(&bytes).unwrap().names;
         names.sort();
         assert_eq!(names, ["c", "d"]);
@@ -1103,7 +1113,7 @@ mod tests {
         traffic(&mut w, "c", 20, 3000);
         w.sync(T0, &store, &mut log);
         for garbage in [&b"garbage"[..], b"AHC\x07older version", b""] {
-            store.set(&cluster_key("c"), garbage, 0).unwrap();
+            store.set(&key("c"), garbage, 0).unwrap();
             traffic(&mut w, "c", 20, 3000);
             w.sync(T0 + 200, &store, &mut log);
             assert_eq!(
@@ -1287,6 +1297,38 @@ mod tests {
         }
     }
 
+    /// Two plugins of one VM id with different windows: each keeps its
+    /// own shared values (the keys carry the geometry), neither resets
+    /// the other's.
+    #[test]
+    fn plugins_with_different_windows_keep_apart() {
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut a = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut b = Worker::new(config(r#"{"min_samples": 10, "window": "60s"}"#));
+        for t in 0..4 {
+            traffic(&mut a, "c", 50, 2000);
+            traffic(&mut b, "c", 50, 8000);
+            a.sync(T0 + t * 200, &store, &mut log);
+            b.sync(T0 + t * 200, &store, &mut log);
+        }
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        for w in [&mut a, &mut b] {
+            let mut stats = Stats::default();
+            w.flush_metrics(&mut stats);
+            let resets = stats.get("adaptive_hedge.shared_state_resets_total");
+            assert_eq!(resets.unwrap_or(0), 0);
+        }
+        let delay = |w: &Worker| w.cluster(0).unwrap().hedge_delay().unwrap().delay_us;
+        assert!(
+            delay(&a) < 3000 && delay(&b) > 6000,
+            "{} {}",
+            delay(&a),
+            delay(&b)
+        );
+        assert_ne!(key("c"), cluster_key(b.geometry(), "c"));
+    }
+
     #[test]
     fn host_errors_are_counted_logged_once_and_change_nothing() {
         let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
@@ -1449,7 +1491,7 @@ mod tests {
         assert_eq!(get("host_choice_ignored"), 0);
         assert!(log.0.is_empty(), "{:?}", log.0);
         // what this worker learned is in the shared value for the others
-        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
         let shared =
             SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30))).unwrap();
         assert_eq!(shared.hosts.len(), 3);
@@ -1661,7 +1703,7 @@ mod tests {
         assert_eq!(host_traffic(&mut w, 300, 2, &mut rr), [100, 100, 100]);
         w.sync(T0 + 200, &store, &mut log);
         assert!(w.cluster(0).unwrap().hosts().is_empty());
-        let (bytes, _) = store.get(&cluster_key("c")).unwrap().unwrap();
+        let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
         let shared =
             SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30))).unwrap();
         assert!(shared.hosts.is_empty());

@@ -222,8 +222,15 @@ impl SharedStore for Abi {
         match unsafe {
             proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
         } {
-            // SAFETY: host-allocated buffer of `size` bytes.
-            OK => Ok(unsafe { take_host_buffer(data, size) }.map(|v| (v, cas))),
+            // SAFETY: host-allocated buffer of `size` bytes. An existing key
+            // with an empty value comes back OK with no buffer: it is there
+            // (its token must be written with), not missing; taken for
+            // missing, every write would be refused as a CAS mismatch and
+            // the cluster would never sync again.
+            OK => Ok(Some((
+                unsafe { take_host_buffer(data, size) }.unwrap_or_default(),
+                cas,
+            ))),
             NOT_FOUND => Ok(None),
             status => Err(StoreError::Host(status)),
         }

@@ -126,7 +126,11 @@ impl<H: Host> DownstreamRequest<H> {
             _ => None,
         };
         #[cfg(feature = "fault-injection")]
-        super::fault_injection::inject(&self.host, cluster.as_deref());
+        super::fault_injection::inject(
+            &self.host,
+            cluster.as_deref(),
+            worker.try_borrow().ok().map(|w| w.geometry()),
+        );
         match worker.try_borrow_mut() {
             Ok(mut worker) => {
                 let plan = worker.plan(cluster.as_deref(), route.as_deref(), request);
