@@ -158,7 +158,7 @@ soak: setup build
 	./target/e2e/soak
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := config shared_state header_pairs
+FUZZ_TARGETS := config shared_state header_pairs route_metadata
 FUZZ_HOST := $(shell rustc -vV | sed -n 's/^host: //p')
 # What cargo-fuzz would pass (coverage instrumentation for libFuzzer, and
 # AddressSanitizer), without installing cargo-fuzz: the nightly toolchain

@@ -7,40 +7,23 @@
 //! that is not armed), and each costs microseconds. The whole map in one
 //! buffer costs one.
 //!
-//! The proxy-wasm ABI serialises a header map as: a u32 count `n`, then `n`
-//! pairs of u32 lengths (name, value), then each name and value followed by a
-//! NUL byte; integers little-endian. The buffer comes from the host: it is
-//! parsed defensively (a malformed buffer is `None`, never a panic).
+//! The buffer is in the host's pairs serialisation (`pairs`), parsed
+//! defensively: a malformed buffer is `None`, never a panic.
 
 #[cfg(test)]
 use crate::headers::ENDPOINT_HEADER;
 use crate::headers::{CONTROL_HEADERS, FIRST_BYTE_MARKER};
+use crate::pairs;
+#[cfg(test)]
+use crate::pairs::serialise;
 use crate::policy::decision::Request;
-
-fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
-    let bytes: [u8; 4] = buf.get(at..at.checked_add(4)?)?.try_into().ok()?;
-    usize::try_from(u32::from_le_bytes(bytes)).ok()
-}
 
 /// Scans a serialised header map for what the decision needs;
 /// `endpoint_header` is the configured host header. Header names in Envoy's
 /// maps are lower-case already. `None` if the buffer is malformed.
 pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
-    let count = u32_at(buf, 0)?;
-    // Each pair needs 8 bytes of lengths and 2 NULs: reject absurd counts
-    // before doing arithmetic with them.
-    if count > buf.len() / 10 {
-        return None;
-    }
-    let mut data = 4usize.checked_add(count.checked_mul(8)?)?;
     let mut found = Request::default();
-    for i in 0..count {
-        let lengths = 4 + i * 8;
-        let (name_len, value_len) = (u32_at(buf, lengths)?, u32_at(buf, lengths + 4)?);
-        let name = buf.get(data..data.checked_add(name_len)?)?;
-        data = data.checked_add(name_len)?.checked_add(1)?;
-        let value = buf.get(data..data.checked_add(value_len)?)?;
-        data = data.checked_add(value_len)?.checked_add(1)?;
+    pairs::for_each(buf, |name, value| {
         if name == b":method" {
             found.method = value;
         } else if name == b"upgrade" {
@@ -52,26 +35,8 @@ pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
         } else if !found.client_controls && CONTROL_HEADERS.iter().any(|n| n.as_bytes() == name) {
             found.client_controls = true;
         }
-    }
-    // The last value's NUL must be inside the buffer too.
-    (data <= buf.len()).then_some(found)
-}
-
-/// Serialises pairs the way the host does (tests and fuzzing seeds).
-pub fn serialise(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-    for (name, value) in pairs {
-        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    }
-    for (name, value) in pairs {
-        out.extend_from_slice(name.as_bytes());
-        out.push(0);
-        out.extend_from_slice(value.as_bytes());
-        out.push(0);
-    }
-    out
+    })?;
+    Some(found)
 }
 
 #[cfg(test)]
@@ -115,7 +80,7 @@ mod tests {
         let buf = serialise(&[(":method", "GET"), ("upgrade", "websocket")]);
         assert!(scan(&buf, E).unwrap().upgrade);
 
-        let empty = serialise(&[]);
+        let empty = serialise::<&str, &str>(&[]);
         let h = scan(&empty, E).unwrap();
         assert_eq!(h, Request::default());
     }

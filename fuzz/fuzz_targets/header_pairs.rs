@@ -2,7 +2,8 @@
 //! buffers are None, never a panic; a well-formed one gives back its method.
 #![no_main]
 
-use adaptive_hedge::header_pairs::{scan, serialise};
+use adaptive_hedge::header_pairs::scan;
+use adaptive_hedge::pairs::serialise;
 use adaptive_hedge::headers::{CONTROL_HEADERS, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
 use libfuzzer_sys::fuzz_target;
 

@@ -1,5 +1,6 @@
 //! The filter among the settings a mesh already has: the routes' own
-//! retry policy (Istio's default) is not weakened by arming.
+//! retry policy (Istio's default) is not weakened by arming; shadow mode;
+//! per-route control through route metadata.
 
 mod common;
 
@@ -160,5 +161,108 @@ fn a_shadow_adds_no_upstream_attempt_and_says_what_hedging_would_do() {
         "estimated p99 {estimate_ms} ms, delay {delay_ms} ms, client p99 {}: {report}",
         run.ms(0.99)
     );
+    envoy.assert_no_vm_failure();
+}
+
+/// The expensive route of `envoy.yaml`, and two more, with overrides in
+/// their metadata.
+const ROUTES_WITH_METADATA: &str = r#"                        - name: expensive
+                          match: { prefix: "/x10/" }
+                          route: { cluster: backend }
+                          metadata:
+                            filter_metadata:
+                              adaptive_hedge: { max_hedges: 2, percentile: 0.5, budget_percent: 60 }
+                        - name: admin
+                          match: { prefix: "/admin/" }
+                          route: { cluster: backend }
+                          metadata:
+                            filter_metadata:
+                              adaptive_hedge: { disabled: true }
+                        - name: bulk
+                          match: { prefix: "/bulk/" }
+                          route: { cluster: backend }
+                          metadata:
+                            filter_metadata:
+                              adaptive_hedge: { max_hedges: 9 }
+"#;
+
+/// Per-route control through Envoy's route metadata
+/// (`filter_metadata.adaptive_hedge`, read with the route-metadata
+/// property): a route with its own percentile, budget and hedge count is
+/// hedged as a cluster of its own at those settings (two hedges, about half
+/// its requests hedged where the cluster's budget allows a tenth); a route
+/// can turn hedging off; a bad override is logged with its field and its
+/// route is not hedged; the other routes keep the cluster's policy.
+#[test]
+fn route_metadata_overrides_the_cluster_s_policy_per_route() {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"debug_header": true, "min_samples": 50}"#)
+            .edit(
+                "                        - name: expensive\n                          match: { prefix: \"/x10/\" }\n                          route: { cluster: backend }\n",
+                ROUTES_WITH_METADATA,
+            ),
+    )
+    .unwrap();
+    let client = load::client();
+    let decided = runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 300, 4).await;
+        common::warm_up(&client, &envoy, "/x10/", 300, 4).await;
+        let run = load::open_loop(
+            &client,
+            &envoy.url("/x10/"),
+            100.0,
+            600,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(run.ok(), 600, "{}", run.summary());
+        let mut decided = Vec::new();
+        for path in ["/", "/x10/", "/admin/", "/bulk/"] {
+            let reply = load::Connection::open(envoy.listener_port)
+                .await
+                .unwrap()
+                .get(path, &[])
+                .await
+                .unwrap();
+            assert_eq!(reply.status, 200, "{path}");
+            decided.push(common::decision(&reply).to_string());
+        }
+        decided
+    });
+    let [cluster, expensive, admin, bulk] = decided.as_slice() else {
+        panic!("{decided:?}");
+    };
+    assert!(cluster.ends_with("; hedges=1"), "/: {cluster}");
+    assert!(
+        expensive.starts_with("armed;") && expensive.ends_with("; hedges=2"),
+        "/x10/: {expensive}"
+    );
+    assert_eq!(admin, "skipped; reason=disabled");
+    assert_eq!(bulk, "skipped; reason=route_metadata");
+    let variant = "backend.route.expensive";
+    let requests = envoy.flushed_filter_stat("requests_total", variant, 900);
+    let get = |metric: &str| envoy.filter_stat(metric, variant).unwrap_or_default();
+    let sent = get("hedges_sent_total");
+    eprintln!(
+        "route expensive: {sent} hedges sent for {requests} requests, delay {} us; backend: {}",
+        get("hedge_delay_us"),
+        envoy.filter_stats("backend")
+    );
+    // p50 with a 60% budget: about half; the cluster's p92 would be < 10%
+    assert!(
+        sent * 4 >= requests,
+        "{sent} hedges for {requests} requests: {}",
+        envoy.filter_stats(variant)
+    );
+    envoy.wait_for_log(
+        r#"route "bulk" of cluster "backend": filter_metadata.adaptive_hedge.max_hedges = 9: must be between 1 and 5"#,
+    );
+    envoy.wait_for_stats("the refused route counted", |s| {
+        s.get("wasmcustom.adaptive_hedge.route_overrides_refused_total")
+            .is_some_and(|&n| n >= 1)
+    });
     envoy.assert_no_vm_failure();
 }

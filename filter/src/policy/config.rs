@@ -20,6 +20,7 @@ use super::duration::{format_duration, parse_duration};
 use super::shared_state::MAX_ROUTES;
 use super::window::SLICES;
 use crate::headers::{DEBUG_HEADER, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
+use crate::route_metadata::Kind;
 
 /// Which moment of the response is the latency sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -212,6 +213,25 @@ fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     Ok(name)
 }
 
+/// The type a setting's value takes, for reading it from route metadata
+/// (where Envoy leaves the types out; see `route_metadata`).
+trait SettingKind {
+    const KIND: Kind;
+}
+
+macro_rules! setting_kind {
+    ($kind:ident: $($t:ty),*) => {
+        $(impl SettingKind for $t {
+            const KIND: Kind = Kind::$kind;
+        })*
+    };
+}
+
+setting_kind!(Bool: bool);
+setting_kind!(Number: f64, u32, u64, usize);
+setting_kind!(Text: Arc<str>, TextDuration, Mode);
+setting_kind!(TextList: Vec<String>);
+
 /// Declares the settings: per-cluster ones (`policy`, also allowed in a
 /// `clusters.<name>` override) and plugin-wide ones (`global`), each as
 /// `name: type = default, rule;`.
@@ -311,6 +331,15 @@ macro_rules! settings {
                     policy.$pf = checked(&format!("{prefix}{}", stringify!($pf)), value, rule)?;
                 })*
                 Ok(policy)
+            }
+        }
+
+        /// The type of a setting a route's metadata may override (every
+        /// per-cluster one); `None` for any other name.
+        pub fn policy_field_kind(name: &str) -> Option<Kind> {
+            match name {
+                $(stringify!($pf) => Some(<$pt as SettingKind>::KIND),)*
+                _ => None,
             }
         }
 
@@ -494,6 +523,18 @@ fn checked<T: Serialize>(field: &str, value: T, rule: Rule<T>) -> Result<T, Conf
     rule(value).map_err(|why| error(field, shown, why))
 }
 
+/// A serde error at a path, as a field error: `prefix` + the path (the
+/// whole value where the path is empty).
+fn path_error<E: fmt::Display>(e: serde_path_to_error::Error<E>, prefix: &str) -> ConfigError {
+    let path = e.path().to_string();
+    let field = match (path.as_str(), prefix) {
+        (".", "") => "(root)".to_string(),
+        (".", _) => prefix.trim_end_matches('.').to_string(),
+        _ => format!("{prefix}{path}"),
+    };
+    error(&field, "", e.inner().to_string())
+}
+
 fn quoted(text: &str) -> String {
     format!("\"{text}\"")
 }
@@ -506,15 +547,8 @@ impl Config {
             return Ok(Config::default());
         }
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." {
-                "(root)".to_string()
-            } else {
-                path
-            };
-            error(&field, "", e.inner().to_string())
-        })?;
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(&mut de).map_err(|e| path_error(e, ""))?;
         Self::validate(raw)
     }
 
@@ -576,6 +610,25 @@ impl Config {
         config.defaults = Arc::new(defaults);
         config.warnings = warnings;
         Ok(config)
+    }
+
+    /// A route's overrides (its metadata `filter_metadata.adaptive_hedge`,
+    /// as JSON) merged over `base`, its cluster's policy, with the same rules
+    /// as a `clusters.<name>` override; errors and warnings name the field
+    /// with `prefix`. The route is hedged as its own cluster, so it never
+    /// learns per route (`max_routes` is 0).
+    pub fn route_policy(
+        base: &ClusterPolicy,
+        overrides: serde_json::Value,
+        prefix: &str,
+        warnings: &mut Vec<String>,
+    ) -> Result<ClusterPolicy, ConfigError> {
+        let raw: RawPolicy =
+            serde_path_to_error::deserialize(overrides).map_err(|e| path_error(e, prefix))?;
+        let mut policy = raw.merge_over(base, prefix)?;
+        policy.check(prefix, &raw, warnings)?;
+        policy.max_routes = 0;
+        Ok(policy)
     }
 
     /// The policy for a routed cluster: its override, else the defaults.

@@ -75,6 +75,8 @@ pub enum Cluster<'a> {
     None,
     /// Past `max_clusters`: not tracked.
     Untracked,
+    /// The route's `adaptive_hedge` metadata was refused (logged).
+    Misconfigured,
     Tracked(ClusterView<'a>),
 }
 
@@ -163,6 +165,8 @@ pub enum Skip {
     /// The client set the control headers itself and `trust_client_headers` is on.
     ClientControlled,
     BudgetExhausted,
+    /// The route's `adaptive_hedge` metadata was refused (logged).
+    RouteMetadata,
 }
 
 /// Which client-sent request headers to remove.
@@ -281,6 +285,7 @@ impl Skip {
             Skip::WarmingUp => "warming_up",
             Skip::ClientControlled => "client_controlled",
             Skip::BudgetExhausted => "budget_exhausted",
+            Skip::RouteMetadata => "route_metadata",
         }
     }
 }
@@ -321,7 +326,7 @@ impl Plan {
 pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let tracked = match cluster {
         Cluster::Tracked(view) => Some(view),
-        Cluster::None | Cluster::Untracked => None,
+        Cluster::None | Cluster::Untracked | Cluster::Misconfigured => None,
     };
     let id = tracked.map(|view| view.id);
     let route = tracked.and_then(|view| view.route);
@@ -343,6 +348,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let decision = match cluster {
         Cluster::None => Decision::Skip(Skip::NoCluster),
         Cluster::Untracked => Decision::Skip(Skip::Untracked),
+        Cluster::Misconfigured => Decision::Skip(Skip::RouteMetadata),
         Cluster::Tracked(view) => decide(request, config, &view),
     };
     // A client's own host header stands where clients are trusted.

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::budget::LocalBudget;
-use super::config::{ClusterPolicy, Config, Mode};
+use super::config::{policy_field_kind, ClusterPolicy, Config, Mode};
 use super::decision::{
     self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request, RouteId,
     Settlement, Skip,
@@ -27,7 +27,15 @@ use super::shared_state::{
 };
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
+use crate::route_metadata::overrides_to_json;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
+
+/// FNV-1a: a stable name for an unnamed route's overrides.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// Compare-and-swap attempts per value per tick before leaving the work to
 /// the next tick (contention is between a handful of workers).
@@ -44,6 +52,10 @@ const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
 /// count: samples spread over the whole tick, not the first requests of it
 /// (a burst at the start of a tick, as after a stall, is not the tick).
 pub const SAMPLES_PER_TICK: u32 = 256;
+
+/// Routes with overrides in their metadata a worker knows at most (each is
+/// hedged as a cluster of its own; past this their requests are not armed).
+const MAX_ROUTE_VARIANTS: usize = 64;
 
 /// Slices that make up the "recent" quantile (see `hedge_delay`).
 const RECENT_SLICES: u64 = 2;
@@ -90,6 +102,8 @@ metric_set! {
         SharedStateResets = ("shared_state_resets_total", Counter),
         SyncConflicts = ("sync_conflicts_total", Counter),
         HostErrors = ("host_errors_total", Counter),
+        /// Routes whose `adaptive_hedge` metadata was refused (logged): not hedged.
+        RouteOverridesRefused = ("route_overrides_refused_total", Counter),
         /// The bytes of the cluster values in shared memory, as this worker
         /// last read or wrote them.
         SharedDataBytes = ("shared_data_bytes", Gauge),
@@ -273,6 +287,33 @@ pub struct Worker {
     /// The host choice's random numbers (SplitMix64 state, stirred with
     /// the clock on every tick so workers do not draw alike).
     random: u64,
+    /// Routes whose metadata overrides their cluster's policy.
+    variants: Vec<RouteVariant>,
+    /// Lines to log on the next tick (`plan` has no logger).
+    pending_log: Vec<(Level, String)>,
+}
+
+/// A route whose metadata (`filter_metadata.adaptive_hedge`) overrides its
+/// cluster's policy: hedged as a cluster of its own (its own window, budget
+/// and hosts, under the name `<cluster>.route.<route>`), so its percentile
+/// and budget apply to its own traffic. Keyed by the metadata's bytes,
+/// so a route whose metadata changes (xDS) starts afresh.
+#[derive(Debug)]
+struct RouteVariant {
+    cluster: Box<[u8]>,
+    route: Box<[u8]>,
+    metadata: Box<[u8]>,
+    /// `None`: the metadata was refused, the route is not hedged.
+    target: Option<ClusterId>,
+}
+
+/// Where a request with route overrides goes.
+enum VariantLookup {
+    Cluster(ClusterId),
+    /// Its metadata was refused.
+    Refused,
+    /// The variant table (or the cluster table) is full.
+    Full,
 }
 
 impl Worker {
@@ -293,6 +334,8 @@ impl Worker {
             ticks: 0,
             tick_us,
             random: 0,
+            variants: Vec::new(),
+            pending_log: Vec::new(),
         }
     }
 
@@ -320,10 +363,34 @@ impl Worker {
         route: Option<&[u8]>,
         request: &Request,
     ) -> Plan {
+        self.plan_route(cluster, route, &[], request)
+    }
+
+    /// `plan` for a request whose route carries overrides: `route_metadata`
+    /// is the serialised `filter_metadata.adaptive_hedge` of its route
+    /// (empty: none), read only when new (see `RouteVariant`).
+    pub fn plan_route(
+        &mut self,
+        cluster: Option<&[u8]>,
+        route: Option<&[u8]>,
+        route_metadata: &[u8],
+        request: &Request,
+    ) -> Plan {
         let Some(name) = cluster.filter(|name| !name.is_empty()) else {
             return decision::plan(request, &self.config, Cluster::None);
         };
-        let tracked = self.lookup_or_insert(name).and_then(|id| {
+        let id = if route_metadata.is_empty() {
+            self.lookup_or_insert(name)
+        } else {
+            match self.variant(name, route.unwrap_or_default(), route_metadata) {
+                VariantLookup::Cluster(id) => Some(id),
+                VariantLookup::Refused => {
+                    return decision::plan(request, &self.config, Cluster::Misconfigured)
+                }
+                VariantLookup::Full => None,
+            }
+        };
+        let tracked = id.and_then(|id| {
             let state = self.clusters.get_mut(id)?;
             (state.tracking != Tracking::Untracked).then_some((id, state))
         });
@@ -353,6 +420,12 @@ impl Worker {
         if let Some(&id) = self.index.get(name) {
             return Some(id);
         }
+        let text = std::str::from_utf8(name).ok()?;
+        let policy = self.config.policy_for(text);
+        self.insert(text.to_string(), policy)
+    }
+
+    fn insert(&mut self, name: String, policy: Arc<ClusterPolicy>) -> Option<ClusterId> {
         // Room for twice the limit: the registry decides which clusters are
         // tracked, and a worker whose first names were refused there (other
         // workers registered theirs first) must still be able to take the
@@ -362,12 +435,93 @@ impl Worker {
         {
             return None;
         }
-        let text = std::str::from_utf8(name).ok()?.to_string();
         let id = self.clusters.len();
-        let policy = self.config.policy_for(&text);
-        self.clusters.push(ClusterState::new(text, policy));
-        self.index.insert(name.into(), id);
+        self.index.insert(name.as_bytes().into(), id);
+        self.clusters.push(ClusterState::new(name, policy));
         Some(id)
+    }
+
+    /// The cluster that hedges a route with overrides, made on first sight:
+    /// the metadata is parsed and checked once, with the rules of a cluster
+    /// override. Linear: at most `MAX_ROUTE_VARIANTS` short entries, and only
+    /// requests whose route has overrides look.
+    fn variant(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8]) -> VariantLookup {
+        let known = self
+            .variants
+            .iter()
+            .find(|v| *v.metadata == *metadata && *v.route == *route && *v.cluster == *cluster);
+        if let Some(v) = known {
+            return v
+                .target
+                .map_or(VariantLookup::Refused, VariantLookup::Cluster);
+        }
+        if self.variants.len() >= MAX_ROUTE_VARIANTS {
+            return VariantLookup::Full;
+        }
+        let (Ok(cluster_name), Ok(route_name)) =
+            (std::str::from_utf8(cluster), std::str::from_utf8(route))
+        else {
+            return VariantLookup::Full;
+        };
+        let suffix = if route_name.is_empty() {
+            // an unnamed route: named by its overrides, alike on every worker
+            format!("{:016x}", fnv1a(metadata))
+        } else {
+            route_name.to_string()
+        };
+        let name = format!("{cluster_name}.route.{suffix}");
+        let base = self.config.policy_for(cluster_name);
+        let prefix = "filter_metadata.adaptive_hedge.";
+        let mut warnings = Vec::new();
+        let policy = overrides_to_json(metadata, policy_field_kind)
+            .map_err(|e| format!("{prefix}{}: {}", e.field, e.why))
+            .and_then(|json| {
+                Config::route_policy(&base, json, prefix, &mut warnings).map_err(|e| {
+                    let value = if e.value.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" = {}", e.value)
+                    };
+                    format!("{}{value}: {}", e.field, e.rule)
+                })
+            });
+        for w in warnings {
+            self.pending_log.push((
+                Level::Warn,
+                format!("route \"{suffix}\" of cluster \"{cluster_name}\": {w}"),
+            ));
+        }
+        let target = match policy {
+            Ok(policy) => match self.index.get(name.as_bytes()) {
+                // the same name with other metadata: the route changed (xDS)
+                Some(&id) => {
+                    if let Some(state) = self.clusters.get_mut(id) {
+                        state.budget = LocalBudget::new(budget_terms(&policy));
+                        state.policy = Arc::new(policy);
+                    }
+                    Some(id)
+                }
+                None => match self.insert(name, Arc::new(policy)) {
+                    Some(id) => Some(id),
+                    None => return VariantLookup::Full,
+                },
+            },
+            Err(why) => {
+                self.metrics.add(WorkerMetric::RouteOverridesRefused, 1);
+                self.pending_log.push((
+                    Level::Error,
+                    format!("route \"{suffix}\" of cluster \"{cluster_name}\": {why}; its requests are not hedged"),
+                ));
+                None
+            }
+        };
+        self.variants.push(RouteVariant {
+            cluster: cluster.into(),
+            route: route.into(),
+            metadata: metadata.into(),
+            target,
+        });
+        target.map_or(VariantLookup::Refused, VariantLookup::Cluster)
     }
 
     /// An upstream response arrived `latency_us` after the request started:
@@ -491,6 +645,9 @@ impl Worker {
     /// The tick: register new clusters, merge into shared memory, refresh delays.
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         self.ticks += 1;
+        for (level, line) in self.pending_log.drain(..) {
+            log.log(level, &line);
+        }
         for c in self.clusters.iter_mut() {
             let delay_ticks = c
                 .hedge_delay

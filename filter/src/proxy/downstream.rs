@@ -21,6 +21,8 @@ use std::sync::Arc;
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
 const ROUTE_NAME: &[u8] = b"xds\0route_name";
+/// The route's overrides, a map (see `route_metadata`).
+const ROUTE_OVERRIDES: &[u8] = b"xds\0route_metadata\0filter_metadata\0adaptive_hedge";
 const RESPONSE_CODE_DETAILS: &[u8] = b"response\0code_details";
 const ATTEMPT_COUNT: &[u8] = b"upstream\0request_attempt_count";
 const UPSTREAM_ADDRESS: &[u8] = b"upstream\0address";
@@ -120,8 +122,14 @@ impl<H: Host> DownstreamRequest<H> {
             return self.carry_out(unplanned(request, self.trust_client_headers), None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
+        // a failed read is a route without overrides
+        let overrides = match &cluster {
+            Some(_) => self.host.property(ROUTE_OVERRIDES).ok().flatten(),
+            None => None,
+        }
+        .unwrap_or_default();
         // a failed read is an unnamed route: the cluster's delay
-        let route = match (&cluster, self.learns_routes) {
+        let route = match (&cluster, self.learns_routes || !overrides.is_empty()) {
             (Some(_), true) => self.host.property(ROUTE_NAME).ok().flatten(),
             _ => None,
         };
@@ -133,7 +141,8 @@ impl<H: Host> DownstreamRequest<H> {
         );
         match worker.try_borrow_mut() {
             Ok(mut worker) => {
-                let plan = worker.plan(cluster.as_deref(), route.as_deref(), request);
+                let plan =
+                    worker.plan_route(cluster.as_deref(), route.as_deref(), &overrides, request);
                 self.carry_out(plan, Some(&mut worker));
             }
             Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None),
@@ -586,8 +595,8 @@ mod tests {
         r.on_response_headers(false);
         assert_eq!(
             host.calls_to("property"),
-            5,
-            "cluster, route, origin, attempts, the host that answered"
+            6,
+            "cluster, route overrides, route, origin, attempts, the host that answered"
         );
         plugin.on_tick();
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
@@ -693,12 +702,78 @@ mod tests {
         assert_eq!(gauge("new"), Some(0), "too few samples: the cluster's");
     }
 
+    /// Route metadata `filter_metadata.adaptive_hedge`: a route hedged as a
+    /// cluster of its own with its overrides; a route that turns hedging
+    /// off; a refused override named in the log, its route not hedged.
+    #[test]
+    fn a_route_s_metadata_overrides_the_cluster_s_policy() {
+        use crate::route_metadata::encode;
+        let (host, mut plugin) = warmed(r#"{"debug_header": true, "min_samples": 20}"#);
+        fn on_route(
+            host: &FakeHost,
+            plugin: &Plugin<FakeHost>,
+            route: &str,
+            overrides: serde_json::Value,
+            latency_ms: u64,
+        ) -> (Option<String>, String) {
+            host.request(Some("backend"), GET);
+            host.set_property(ROUTE_NAME, route.as_bytes());
+            host.set_property(ROUTE_OVERRIDES, &encode(&overrides));
+            let mut r = request(plugin);
+            r.on_request_headers();
+            let armed = host.request_header_text(MAX_RETRIES);
+            host.advance_ms(latency_ms);
+            host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            r.on_response_headers(false);
+            r.on_log();
+            (
+                armed,
+                host.response_header_text(DEBUG_HEADER).unwrap_or_default(),
+            )
+        }
+        let two = serde_json::json!({"max_hedges": 2, "budget_percent": 50});
+        for _ in 0..40 {
+            let (armed, debug) = on_route(&host, &plugin, "export", two.clone(), 30);
+            assert_eq!(armed, None, "{debug}");
+        }
+        plugin.on_tick(); // registers backend.route.export
+        plugin.on_tick(); // its window: armed from here, at its own delay
+        let (armed, debug) = on_route(&host, &plugin, "export", two.clone(), 30);
+        assert_eq!(armed.as_deref(), Some("2"), "{debug}");
+        assert!(debug.starts_with("armed; delay_ms=3"), "{debug}");
+        // the cluster's requests keep the cluster's policy and delay
+        exchange(&host, &plugin, GET, 5, 1);
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
+        let off = serde_json::json!({"disabled": true});
+        let (armed, debug) = on_route(&host, &plugin, "admin", off, 5);
+        assert_eq!((armed, debug.as_str()), (None, "skipped; reason=disabled"));
+        let bad = serde_json::json!({"max_hedges": 9});
+        let (armed, debug) = on_route(&host, &plugin, "bulk", bad, 5);
+        assert_eq!(
+            (armed, debug.as_str()),
+            (None, "skipped; reason=route_metadata")
+        );
+        plugin.on_tick();
+        assert!(host.logged(
+            "route \"bulk\" of cluster \"backend\": filter_metadata.adaptive_hedge.max_hedges = 9: must be between 1 and 5"
+        ));
+        assert_eq!(
+            host.stat("adaptive_hedge.route_overrides_refused_total"),
+            Some(1)
+        );
+        assert!(host
+            .stat("adaptive_hedge.hedges_armed_total.backend.route.export")
+            .is_some());
+    }
+
     #[test]
     fn without_route_learning_the_route_is_never_read() {
         let (host, plugin) = warmed(r#"{"max_routes": 0}"#);
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();
-        assert_eq!(host.calls_to("property"), 1, "{:?}", host.state().calls);
+        // the cluster, and whether the route has overrides (it has none)
+        assert_eq!(host.calls_to("property"), 2, "{:?}", host.state().calls);
     }
 
     #[test]
@@ -708,9 +783,9 @@ mod tests {
         request(&plugin).on_request_headers();
         assert_eq!(host.calls_to("remove_request_header"), 0);
         assert_eq!(host.calls_to("set_request_header"), 0);
-        // the headers, the cluster and the route; a POST is not timed (not
-        // a sample)
-        assert_eq!(host.state().calls.len(), 3, "{:?}", host.state().calls);
+        // the headers, the cluster, the route's overrides and its name; a
+        // POST is not timed (not a sample)
+        assert_eq!(host.state().calls.len(), 4, "{:?}", host.state().calls);
         // a GET's turn to be a sample costs a clock read
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();

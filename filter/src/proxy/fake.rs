@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::host::{Host, HostStatus};
-use crate::header_pairs::serialise;
+use crate::pairs::serialise;
 use crate::policy::shared_state::memory::MemoryStore;
 use crate::policy::shared_state::{SharedStore, StoreError};
 use crate::telemetry::memory::Stats;

@@ -478,6 +478,23 @@ impl Envoy {
         }
     }
 
+    /// Envoy's log once it contains `needle`; panics, showing the log, if
+    /// it does not within 10 s.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited 10 s for {needle:?} in the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Envoy's log, without the start-up listing of compiled-in extensions.
     pub fn log(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default();

@@ -1,0 +1,230 @@
+//! Reads a route's overrides: Envoy's answer for the property
+//! `xds.route_metadata.filter_metadata.adaptive_hedge`, turned into the JSON
+//! object a `clusters.<name>` override would be, so the same serde rules
+//! check it.
+//!
+//! What Envoy returns (observed on 1.40): the metadata's `Struct` as a map in
+//! the host's pairs serialisation (`pairs`), each value as raw bytes with its
+//! type left out: a number is 8 bytes of a little-endian double, a bool one
+//! byte, a string its text, a list or a map pairs again (a list's items are
+//! the first of each pair). A number written in YAML with a fraction
+//! (`0.95`) arrives as the text "0.95" (Envoy keeps YAML floats as strings).
+//! Because the types are gone, each value is read as the type its field
+//! takes (`Kind`, from the config's list of settings).
+//!
+//! The bytes come from the host: read defensively (an error, never a panic).
+
+use serde_json::{Map, Number, Value};
+
+use crate::pairs;
+
+/// The type a setting takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    Number,
+    Text,
+    TextList,
+}
+
+/// Why a route's overrides could not be read: the field ("" for the whole
+/// value) and the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataError {
+    pub field: String,
+    pub why: String,
+}
+
+/// The largest integer a double holds exactly (2^53).
+const EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// The overrides as a JSON object; `kind_of` names the type of each known
+/// field (`None`: not a setting a route may override).
+pub fn overrides_to_json(
+    buf: &[u8],
+    kind_of: impl Fn(&str) -> Option<Kind>,
+) -> Result<Value, MetadataError> {
+    let entries = pairs::decode(buf).ok_or_else(|| MetadataError {
+        field: String::new(),
+        why: "not a map of settings".into(),
+    })?;
+    let mut object = Map::new();
+    for (key, raw) in entries {
+        let field = String::from_utf8_lossy(key).into_owned();
+        let error = |why: &str| MetadataError {
+            field: field.clone(),
+            why: why.into(),
+        };
+        let kind = kind_of(&field).ok_or_else(|| {
+            error("unknown field (a route takes the fields of a cluster override)")
+        })?;
+        let value = match kind {
+            Kind::Bool => read_bool(raw).ok_or_else(|| error("expected true or false"))?,
+            Kind::Number => read_number(raw).ok_or_else(|| error("expected a number"))?,
+            Kind::Text => Value::String(text(raw).ok_or_else(|| error("expected a string"))?),
+            Kind::TextList => read_list(raw).ok_or_else(|| error("expected a list of strings"))?,
+        };
+        object.insert(field, value);
+    }
+    Ok(Value::Object(object))
+}
+
+fn text(raw: &[u8]) -> Option<String> {
+    std::str::from_utf8(raw).ok().map(str::to_string)
+}
+
+fn read_bool(raw: &[u8]) -> Option<Value> {
+    match raw {
+        [0] | b"false" => Some(Value::Bool(false)),
+        [1] | b"true" => Some(Value::Bool(true)),
+        _ => None,
+    }
+}
+
+/// Text first (YAML floats, quoted numbers), else the 8 bytes of a double.
+/// The two cannot be confused for a value any setting accepts: a double
+/// whose 8 bytes are all digits and dots is below 1e-30 or above 1e30.
+fn read_number(raw: &[u8]) -> Option<Value> {
+    let parsed = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| t.trim().parse::<f64>().ok());
+    let x = match (parsed, <[u8; 8]>::try_from(raw)) {
+        (Some(x), _) => x,
+        (None, Ok(bytes)) => f64::from_le_bytes(bytes),
+        (None, Err(_)) => return None,
+    };
+    if !x.is_finite() {
+        return None;
+    }
+    if x.fract() == 0.0 && x.abs() <= EXACT_INTEGER {
+        // whole numbers are integers, so a count (`max_hedges: 2`) reads
+        return Some(Value::Number(Number::from(x as i64)));
+    }
+    Number::from_f64(x).map(Value::Number)
+}
+
+/// A list (pairs whose firsts are the items), or one comma-separated text.
+fn read_list(raw: &[u8]) -> Option<Value> {
+    let items: Vec<String> = match pairs::decode(raw) {
+        Some(entries) => entries
+            .into_iter()
+            .map(|(item, _)| text(item))
+            .collect::<Option<_>>()?,
+        None => text(raw)?
+            .split(',')
+            .map(|item| item.trim().to_string())
+            .filter(|item| !item.is_empty())
+            .collect(),
+    };
+    Some(Value::Array(items.into_iter().map(Value::String).collect()))
+}
+
+/// A value as Envoy serialises it (tests and fuzzing seeds): numbers as
+/// doubles, or as text where `as_text` (a YAML float).
+pub fn encode(value: &Value) -> Vec<u8> {
+    match value {
+        Value::Null => Vec::new(),
+        Value::Bool(b) => vec![u8::from(*b)],
+        Value::Number(n) => n.as_f64().unwrap_or(0.0).to_le_bytes().to_vec(),
+        Value::String(s) => s.as_bytes().to_vec(),
+        Value::Array(items) => {
+            let items: Vec<(Vec<u8>, &[u8])> =
+                items.iter().map(|v| (encode(v), &b""[..])).collect();
+            pairs::serialise(&items)
+        }
+        Value::Object(fields) => {
+            let fields: Vec<(&[u8], Vec<u8>)> = fields
+                .iter()
+                .map(|(k, v)| (k.as_bytes(), encode(v)))
+                .collect();
+            pairs::serialise(&fields)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn kind_of(field: &str) -> Option<Kind> {
+        match field {
+            "disabled" => Some(Kind::Bool),
+            "percentile" | "max_hedges" => Some(Kind::Number),
+            "min_delay" => Some(Kind::Text),
+            "idempotent_methods" => Some(Kind::TextList),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn settings_read_back_with_whole_numbers_as_integers() {
+        let value = json!({
+            "disabled": true,
+            "percentile": 0.95,
+            "max_hedges": 2,
+            "min_delay": "5ms",
+            "idempotent_methods": ["GET", "PUT"],
+        });
+        assert_eq!(overrides_to_json(&encode(&value), kind_of), Ok(value));
+        assert_eq!(
+            overrides_to_json(&encode(&json!({})), kind_of),
+            Ok(json!({}))
+        );
+    }
+
+    /// The bytes Envoy 1.40 returned for
+    /// `{ max_hedges: 9, percentile: 0.25, idempotent_methods: [GET, PUT] }`
+    /// written in YAML (the float as text, the list as pairs).
+    #[test]
+    fn envoy_s_own_serialisation_reads() {
+        let list = pairs::serialise(&[("GET", ""), ("PUT", "")]);
+        let buf = pairs::serialise(&[
+            (&b"max_hedges"[..], &9.0f64.to_le_bytes()[..]),
+            (b"percentile", b"0.25"),
+            (b"idempotent_methods", &list),
+            (b"disabled", &[0]),
+        ]);
+        assert_eq!(
+            overrides_to_json(&buf, kind_of),
+            Ok(json!({
+                "max_hedges": 9,
+                "percentile": 0.25,
+                "idempotent_methods": ["GET", "PUT"],
+                "disabled": false,
+            }))
+        );
+        let commas = pairs::serialise(&[("idempotent_methods", "GET, HEAD")]);
+        assert_eq!(
+            overrides_to_json(&commas, kind_of),
+            Ok(json!({"idempotent_methods": ["GET", "HEAD"]}))
+        );
+    }
+
+    #[test]
+    fn wrong_values_name_their_field() {
+        let err = |buf: Vec<u8>| overrides_to_json(&buf, kind_of).unwrap_err();
+        let e = err(pairs::serialise(&[("disabled", "yes")]));
+        assert_eq!(
+            (e.field.as_str(), e.why.as_str()),
+            ("disabled", "expected true or false")
+        );
+        let e = err(pairs::serialise(&[("percentile", "high")]));
+        assert_eq!(
+            (e.field.as_str(), e.why.as_str()),
+            ("percentile", "expected a number")
+        );
+        let e = err(pairs::serialise(&[(
+            &b"percentile"[..],
+            &f64::NAN.to_le_bytes()[..],
+        )]));
+        assert_eq!(e.field, "percentile");
+        let e = err(pairs::serialise(&[("budget", "5")]));
+        assert!(
+            e.field == "budget" && e.why.starts_with("unknown field"),
+            "{e:?}"
+        );
+        let e = err(vec![1, 2, 3]);
+        assert_eq!(e.field, "");
+    }
+}
