@@ -266,3 +266,99 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
     });
     envoy.assert_no_vm_failure();
 }
+
+/// Outlier detection as many meshes have it (5 consecutive 5xx eject a
+/// host, any share of hosts), optionally with the local-origin split the
+/// shipped manifests set.
+fn with_outlier_detection(split: bool) -> String {
+    format!(
+        "    - name: backend\n      type: STATIC\n      connect_timeout: 1s\n      outlier_detection: {{ consecutive_5xx: 5, max_ejection_percent: 100{} }}\n",
+        if split {
+            ", split_external_local_origin_errors: true"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Ejections of the backend cluster's hosts by outlier detection, through
+/// `config` (with `plugin_config`, or the filter's absent), when every host
+/// turns 10x slower at once after the filter has learned the fast latency:
+/// its delay is stale for a while, and every request armed with it fires
+/// its per-try timeout (a 504 to outlier detection).
+fn ejections_in_a_brownout(
+    config: &str,
+    plugin_config: Option<&str>,
+    split: bool,
+) -> (i64, String) {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let mut options = EnvoyOptions::new(config, sim.ports()).edit(
+        "    - name: backend\n      type: STATIC\n      connect_timeout: 1s\n",
+        &with_outlier_detection(split),
+    );
+    if let Some(plugin_config) = plugin_config {
+        options = options.plugin_config(plugin_config);
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    let run = runtime().block_on(async {
+        if plugin_config.is_some() {
+            common::warm_up(&client, &envoy, "/", 300, 4).await;
+        }
+        load::open_loop(&client, &url, 300.0, 900, Duration::from_secs(5)).await;
+        sim.set_all_models(Latency::LogNormal {
+            mean_ms: 50.0,
+            sd_ms: 20.0,
+            straggler_prob: 0.05,
+            straggler_mult: 10.0,
+        });
+        load::open_loop(&client, &url, 300.0, 1800, Duration::from_secs(10)).await
+    });
+    assert_eq!(run.ok(), 1800, "{config}: {}", run.summary());
+    let stats = envoy.stats();
+    let get = |name: &str| stats.get(name).copied().unwrap_or_default();
+    let ejections = get("cluster.backend.outlier_detection.ejections_enforced_total");
+    assert!(
+        stats.contains_key("cluster.backend.outlier_detection.ejections_enforced_total"),
+        "outlier detection is not configured"
+    );
+    let report = format!(
+        "{config} {}: {ejections} ejections (consecutive 5xx detected {}, local origin detected {}); p99 {:.1} ms; {}",
+        plugin_config.unwrap_or("without the filter"),
+        get("cluster.backend.outlier_detection.ejections_detected_consecutive_5xx"),
+        get("cluster.backend.outlier_detection.ejections_detected_consecutive_local_origin_failure"),
+        run.ms(0.99),
+        envoy.filter_stats("backend"),
+    );
+    eprintln!("{report}");
+    envoy.assert_no_vm_failure();
+    (ejections, report)
+}
+
+/// A brownout (every host 10x slower at once, none failing) ejects no host,
+/// with outlier detection's defaults and with the shipped local-origin
+/// split: each fired per-try timeout is a 504 to `consecutive_5xx`, so
+/// arming waits while two of a worker's armed requests are past their delay
+/// (`paced_total`). Measured before the pacing: all 3 hosts ejected with the
+/// defaults; none without the filter.
+#[test]
+fn a_brownout_ejects_no_host() {
+    let plugin = r#"{"debug_header": true, "min_samples": 50}"#;
+    let (without, report) = ejections_in_a_brownout("envoy-baseline.yaml", None, false);
+    assert_eq!(without, 0, "the brownout alone ejects: {report}");
+    for split in [false, true] {
+        let (with, report) = ejections_in_a_brownout("envoy.yaml", Some(plugin), split);
+        assert_eq!(with, 0, "{report}");
+        // the filter was there, and held arming back while the delay was stale
+        assert!(report.contains("paced_total.backend="), "{report}");
+        let paced = report
+            .split("paced_total.backend=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_default();
+        assert!(paced > 0, "never paced: {report}");
+    }
+}

@@ -28,6 +28,7 @@ use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config, LatencySignal, Mode};
 use super::hedge_delay::HedgeDelay;
 use super::hosts::{HostPick, Hosts};
+use super::timeouts::{ArmedRequests, MAX_PAST_DELAY, MAX_TIMEOUTS_PER_HOST};
 use crate::headers::{
     FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_ON,
 };
@@ -98,6 +99,12 @@ pub struct ClusterView<'a> {
     pub hosts: Option<&'a Hosts>,
     /// A fresh random number for the choice.
     pub random: u64,
+    /// The clock (ns), if read: the armed request's deadline is kept.
+    pub now_ns: Option<u64>,
+    /// This worker's armed requests to the cluster past their delay and
+    /// still running, and those it armed (see `timeouts`).
+    pub past_delay: usize,
+    pub armed: Option<&'a ArmedRequests>,
 }
 
 /// Everything the filter does with one request.
@@ -118,6 +125,8 @@ pub struct Plan {
     pub hosts: Option<HostPick>,
     /// The host header's value: `primary[,hedge]`.
     pub endpoint: Option<String>,
+    /// When an armed request's per-try timeout fires (ns; see `timeouts`).
+    pub deadline_ns: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +176,9 @@ pub enum Skip {
     BudgetExhausted,
     /// The route's `adaptive_hedge` metadata was refused (logged).
     RouteMetadata,
+    /// Enough of this worker's armed requests to the cluster are past
+    /// their delay (see `timeouts`).
+    Paced,
 }
 
 /// Which client-sent request headers to remove.
@@ -211,6 +223,8 @@ pub struct Settlement {
     pub per_try_timeout_ms: u64,
     /// Not armed (`mode: shadow`): the hedges are would-be hedges.
     pub shadow: bool,
+    /// Its per-try timeout's deadline, if kept (see `timeouts`).
+    pub deadline_ns: Option<u64>,
 }
 
 /// A request header value to set.
@@ -286,6 +300,7 @@ impl Skip {
             Skip::ClientControlled => "client_controlled",
             Skip::BudgetExhausted => "budget_exhausted",
             Skip::RouteMetadata => "route_metadata",
+            Skip::Paced => "paced",
         }
     }
 }
@@ -316,6 +331,7 @@ impl Plan {
                 cohort: self.cohort,
                 per_try_timeout_ms: a.per_try_timeout_ms,
                 shadow: a.shadow,
+                deadline_ns: self.deadline_ns,
             }),
             _ => None,
         }
@@ -343,9 +359,10 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             sample: false,
             hosts: None,
             endpoint: None,
+            deadline_ns: None,
         };
     }
-    let decision = match cluster {
+    let mut decision = match cluster {
         Cluster::None => Decision::Skip(Skip::NoCluster),
         Cluster::Untracked => Decision::Skip(Skip::Untracked),
         Cluster::Misconfigured => Decision::Skip(Skip::RouteMetadata),
@@ -354,18 +371,36 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     // A client's own host header stands where clients are trusted.
     let client_chose = config.trust_client_headers && request.client_endpoint;
     // a shadow changes nothing, the host included
-    let hosts = tracked
+    let chooser = tracked
         .filter(|view| view.policy.mode == Mode::Hedge)
         .and_then(|view| Some((view, view.hosts?)))
-        .filter(|_| !client_chose)
-        .and_then(|(view, hosts)| {
-            let pick = hosts.choose(
-                view.policy.host_choices,
-                view.random,
-                matches!(decision, Decision::Arm(_)),
-            )?;
+        .filter(|_| !client_chose);
+    let choose = |armed: bool| {
+        chooser.and_then(|(view, hosts)| {
+            let pick = hosts.choose(view.policy.host_choices, view.random, armed)?;
             Some((pick, hosts.header_value(pick)?))
-        });
+        })
+    };
+    let mut hosts = choose(matches!(decision, Decision::Arm(_)));
+    // Outlier detection counts each fired per-try timeout as a 504: not
+    // armed if a host it would go to has timeouts standing, or, with no
+    // host named, while enough armed requests have (see `timeouts`).
+    if let (Decision::Arm(a), Some(view)) = (&decision, tracked) {
+        let paced = match (&hosts, chooser) {
+            (Some((pick, _)), Some((_, known))) => [Some(pick.primary), pick.hedge]
+                .into_iter()
+                .flatten()
+                .any(|id| {
+                    let pending = view.armed.map_or(0, |armed| armed.pending_on(id));
+                    known.timeouts_unanswered(id) + pending >= MAX_TIMEOUTS_PER_HOST
+                }),
+            _ => view.past_delay >= MAX_PAST_DELAY,
+        };
+        if paced && !a.shadow {
+            decision = Decision::Skip(Skip::Paced);
+            hosts = choose(false);
+        }
+    }
     let mut strip = match &decision {
         // The armed headers replace the client's; a client's marker goes
         // unless this request is marked anyway.
@@ -380,6 +415,12 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     // a chosen host overwrites the client's; a trusted client's stays
     strip.endpoint &= hosts.is_none() && !client_chose;
     let (pick, endpoint) = hosts.unzip();
+    let deadline_ns = match (&decision, tracked.and_then(|view| view.now_ns)) {
+        (Decision::Arm(a), Some(now)) if !a.shadow => {
+            Some(now.saturating_add(a.per_try_timeout_ms.saturating_mul(1_000_000)))
+        }
+        _ => None,
+    };
     Plan {
         decision,
         strip,
@@ -392,6 +433,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             .is_some_and(|view| view.sample_turn && in_sample_population(request, view.policy)),
         hosts: pick,
         endpoint,
+        deadline_ns,
     }
 }
 
@@ -425,6 +467,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
         sample: false,
         hosts: None,
         endpoint: None,
+        deadline_ns: None,
     }
 }
 
@@ -501,6 +544,9 @@ mod tests {
             sample_turn: true,
             hosts: None,
             random: 0,
+            now_ns: None,
+            past_delay: 0,
+            armed: None,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -554,6 +600,7 @@ mod tests {
                 cohort: 0,
                 per_try_timeout_ms: 8,
                 shadow: false,
+                deadline_ns: None,
             })
         );
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");
@@ -697,6 +744,9 @@ mod tests {
             sample_turn: false,
             hosts: None,
             random: 0,
+            now_ns: None,
+            past_delay: 0,
+            armed: None,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");
@@ -764,8 +814,63 @@ mod tests {
             sample_turn: true,
             hosts: Some(hosts),
             random,
+            now_ns: None,
+            past_delay: 0,
+            armed: None,
         };
         plan(request, config, Cluster::Tracked(view))
+    }
+
+    /// A host with two per-try timeouts standing (fired, no success since)
+    /// is not sent an armed request: outlier detection would count the
+    /// next as a third 504 in a row. Its requests still go to a host.
+    #[test]
+    fn no_armed_request_goes_to_a_host_with_a_timeout_standing() {
+        let mut hosts = three_hosts();
+        let random = u64::MAX / 3;
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        let (Decision::Arm(_), Some(pick)) = (&p.decision, p.hosts) else {
+            panic!("{p:?}");
+        };
+        hosts.timed_out(pick.hedge.unwrap());
+        hosts.timed_out(pick.hedge.unwrap());
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert_eq!(p.decision, Decision::Skip(Skip::Paced));
+        assert_eq!(
+            p.hosts.map(|h| (h.primary, h.hedge)),
+            Some((pick.primary, None))
+        );
+        assert_eq!(p.settlement(), None);
+        hosts.succeeded(pick.hedge.unwrap());
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert!(matches!(p.decision, Decision::Arm(_)));
+    }
+
+    /// Without hosts named, a worker arms only while fewer than two of its
+    /// armed requests to the cluster have a timeout fired.
+    #[test]
+    fn without_host_choice_two_timeouts_fired_pace_the_cluster() {
+        let policy = ClusterPolicy::default();
+        let budget = funded(&policy);
+        let view = |past_delay| ClusterView {
+            route: None,
+            id: 3,
+            policy: &policy,
+            delay: DELAY,
+            budget: &budget,
+            sample_turn: true,
+            hosts: None,
+            random: 0,
+            now_ns: Some(1_000_000),
+            past_delay,
+            armed: None,
+        };
+        let one = plan(&GET, &Config::default(), Cluster::Tracked(view(1)));
+        assert!(matches!(one.decision, Decision::Arm(_)));
+        assert_eq!(one.deadline_ns, Some(1_000_000 + 8_000_000));
+        let two = plan(&GET, &Config::default(), Cluster::Tracked(view(2)));
+        assert_eq!(two.decision, Decision::Skip(Skip::Paced));
+        assert_eq!(two.deadline_ns, None);
     }
 
     #[test]

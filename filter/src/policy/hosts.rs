@@ -132,6 +132,9 @@ pub struct Host {
     /// Not in the shared value any more: not chosen; its slot is reused
     /// once nothing in flight names it.
     gone: bool,
+    /// Per-try timeouts of this worker's armed requests fired on it since
+    /// it last answered a success (see `timeouts`).
+    timeouts_unanswered: u32,
 }
 
 impl Host {
@@ -151,6 +154,7 @@ impl Host {
             named: 0,
             missed: 0,
             gone: false,
+            timeouts_unanswered: 0,
         }
     }
 
@@ -311,6 +315,26 @@ impl Hosts {
             }
             h.responses_this_tick = h.responses_this_tick.saturating_add(1);
         }
+    }
+
+    /// A per-try timeout of an armed request fired on `id`.
+    pub fn timed_out(&mut self, id: HostId) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.timeouts_unanswered = h.timeouts_unanswered.saturating_add(1);
+        }
+    }
+
+    /// `id` answered a success: outlier detection's count of its
+    /// consecutive errors starts again.
+    pub fn succeeded(&mut self, id: HostId) {
+        if let Some(h) = self.hosts.get_mut(id) {
+            h.timeouts_unanswered = 0;
+        }
+    }
+
+    /// Timeouts fired on `id` since its last success, as this worker saw.
+    pub fn timeouts_unanswered(&self, id: HostId) -> u32 {
+        self.hosts.get(id).map_or(0, |h| h.timeouts_unanswered)
     }
 
     /// `id` answered (or failed): Envoy has it.

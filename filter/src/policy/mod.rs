@@ -21,5 +21,6 @@ pub mod hosts;
 pub mod routes;
 pub mod shared_state;
 pub mod sketch;
+pub mod timeouts;
 pub mod window;
 pub mod worker;

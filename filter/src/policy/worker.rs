@@ -26,6 +26,7 @@ use super::shared_state::{
     CREATE_ONLY, MAX_CLUSTER_NAME,
 };
 use super::sketch::Sketch;
+use super::timeouts::ArmedRequests;
 use super::window::WindowGeometry;
 use crate::route_metadata::overrides_to_json;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
@@ -69,6 +70,9 @@ metric_set! {
         /// Hedges armed and paid for but not sent (the request ended first).
         HedgesRefunded = ("hedges_refunded_total", Counter),
         BudgetExhausted = ("budget_exhausted_total", Counter),
+        /// Eligible requests not armed while `timeouts::MAX_PAST_DELAY` of
+        /// this worker's armed requests were past their delay.
+        Paced = ("paced_total", Counter),
         Ineligible = ("ineligible_total", Counter),
         /// Hedges the router sent although the response came before their
         /// delay (its timers fire early on a busy event loop; see `settle`).
@@ -155,6 +159,8 @@ pub struct ClusterState {
     hosts: Hosts,
     hosts_summary: HostsSummary,
     override_check: OverrideCheck,
+    /// This worker's armed requests still running (see `timeouts`).
+    armed: ArmedRequests,
 }
 
 impl ClusterState {
@@ -182,6 +188,7 @@ impl ClusterState {
             hosts: Hosts::default(),
             hosts_summary: HostsSummary::default(),
             override_check: OverrideCheck::default(),
+            armed: ArmedRequests::default(),
         }
     }
 
@@ -212,7 +219,15 @@ impl ClusterState {
             .or(self.hedge_delay)
     }
 
-    fn view(&self, id: ClusterId, route: Option<RouteId>, random: u64) -> ClusterView<'_> {
+    /// `past_delay`: armed requests with a timeout fired (see `timeouts`).
+    fn view(
+        &self,
+        id: ClusterId,
+        route: Option<RouteId>,
+        random: u64,
+        now_ns: Option<u64>,
+        past_delay: usize,
+    ) -> ClusterView<'_> {
         ClusterView {
             id,
             route,
@@ -223,6 +238,9 @@ impl ClusterState {
                 && self.population_this_tick % self.stride == 0,
             hosts: self.chooses_hosts().then_some(&self.hosts),
             random,
+            now_ns,
+            past_delay,
+            armed: Some(&self.armed),
         }
     }
 
@@ -247,10 +265,15 @@ impl ClusterState {
             Decision::Skip(Skip::BudgetExhausted) => {
                 self.metrics.add(ClusterMetric::BudgetExhausted, 1)
             }
+            Decision::Skip(Skip::Paced) => self.metrics.add(ClusterMetric::Paced, 1),
             Decision::Skip(_) => self.metrics.add(ClusterMetric::Ineligible, 1),
         }
         if plan.sample {
             self.samples_this_tick += 1;
+        }
+        if let (Some(deadline), Decision::Arm(a)) = (plan.deadline_ns, &plan.decision) {
+            let per_try_ns = a.per_try_timeout_ms.saturating_mul(1_000_000);
+            self.armed.armed(deadline, per_try_ns, plan.hosts);
         }
         if let Some(pick) = plan.hosts {
             self.hosts.track(pick.primary, true);
@@ -363,18 +386,21 @@ impl Worker {
         route: Option<&[u8]>,
         request: &Request,
     ) -> Plan {
-        self.plan_route(cluster, route, &[], request)
+        self.plan_route(cluster, route, &[], request, None)
     }
 
     /// `plan` for a request whose route carries overrides: `route_metadata`
     /// is the serialised `filter_metadata.adaptive_hedge` of its route
-    /// (empty: none), read only when new (see `RouteVariant`).
+    /// (empty: none), read only when new (see `RouteVariant`). `now_ns`:
+    /// the clock, if read; armed requests' deadlines are then kept, and
+    /// arming paces itself (see `timeouts`).
     pub fn plan_route(
         &mut self,
         cluster: Option<&[u8]>,
         route: Option<&[u8]>,
         route_metadata: &[u8],
         request: &Request,
+        now_ns: Option<u64>,
     ) -> Plan {
         let Some(name) = cluster.filter(|name| !name.is_empty()) else {
             return decision::plan(request, &self.config, Cluster::None);
@@ -406,11 +432,12 @@ impl Worker {
         let route = route
             .filter(|_| max_routes > 0)
             .and_then(|r| state.routes.lookup(r, max_routes));
+        let past_delay = now_ns.map_or(0, |now| state.armed.fire(now, &mut state.hosts));
         self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let plan = decision::plan(
             request,
             &self.config,
-            Cluster::Tracked(state.view(id, route, mix(self.random))),
+            Cluster::Tracked(state.view(id, route, mix(self.random), now_ns, past_delay)),
         );
         state.book(&plan, request, self.tick_us);
         plan
@@ -559,6 +586,9 @@ impl Worker {
         let per_try_us = response
             .per_try_timeout_ms
             .map(|ms| ms.saturating_mul(1000));
+        if !response.failed {
+            state.hosts.succeeded(winner);
+        }
         if response.failed {
             state.hosts.fail(winner);
         } else if let Some(latency_us) = response.latency_us {
@@ -612,6 +642,11 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(settlement.cluster) else {
             return;
         };
+        if let Some(deadline) = settlement.deadline_ns {
+            state
+                .armed
+                .ended(deadline, attempts, latency_us, &mut state.hosts);
+        }
         let reserved = settlement.hedges;
         let extra = match attempts {
             Some(a) => a.saturating_sub(1),
@@ -658,6 +693,7 @@ impl Worker {
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
             c.population_this_tick = 0;
+            c.armed.forget_stale(now_ms.saturating_mul(1_000_000));
         }
         if self
             .clusters

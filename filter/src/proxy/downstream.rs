@@ -119,7 +119,7 @@ impl<H: Host> DownstreamRequest<H> {
     fn plan_and_carry_out(&mut self, request: &Request) {
         // cloned: the borrow of the worker outlives this borrow of self
         let Some(worker) = self.worker.clone() else {
-            return self.carry_out(unplanned(request, self.trust_client_headers), None);
+            return self.carry_out(unplanned(request, self.trust_client_headers), None, None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
         // a failed read is a route without overrides
@@ -139,23 +139,29 @@ impl<H: Host> DownstreamRequest<H> {
             cluster.as_deref(),
             worker.try_borrow().ok().map(|w| w.geometry()),
         );
+        // one clock read: the sample's start and the armed deadline
+        let now = cluster.as_ref().and_then(|_| self.host.now_ns().ok());
         match worker.try_borrow_mut() {
             Ok(mut worker) => {
-                let plan =
-                    worker.plan_route(cluster.as_deref(), route.as_deref(), &overrides, request);
-                self.carry_out(plan, Some(&mut worker));
+                let plan = worker.plan_route(
+                    cluster.as_deref(),
+                    route.as_deref(),
+                    &overrides,
+                    request,
+                    now,
+                );
+                self.carry_out(plan, now, Some(&mut worker));
             }
-            Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None),
+            Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None, None),
         };
     }
 
-    fn carry_out(&mut self, plan: Plan, worker: Option<&mut Worker>) {
-        if let (true, Some(cluster)) = (plan.sample, plan.cluster) {
-            // A sample costs three host calls (two clocks, the response's
-            // origin); the clock is read first, before any other work.
-            if let Ok(now) = self.host.now_ns() {
-                self.sample = Some((cluster, plan.route, now));
-            }
+    /// `now`: the clock read before the plan, if it was.
+    fn carry_out(&mut self, plan: Plan, now: Option<u64>, worker: Option<&mut Worker>) {
+        if let (true, Some(cluster), Some(now)) = (plan.sample, plan.cluster, now) {
+            // A sample costs the clock read before the plan, another at the
+            // response and the response's origin.
+            self.sample = Some((cluster, plan.route, now));
         }
         self.strip(plan.strip);
         if self.host_header.is_some() {
@@ -179,10 +185,7 @@ impl<H: Host> DownstreamRequest<H> {
             if arming.shadow {
                 // nothing is set: settled from the response's time
                 self.settlement = plan.settlement();
-                self.shadow_started_ns = match self.sample {
-                    Some((_, _, started)) => Some(started),
-                    None => self.host.now_ns().ok(),
-                };
+                self.shadow_started_ns = now;
             } else if self.arm(arming) {
                 self.settlement = plan.settlement();
                 self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
@@ -767,6 +770,55 @@ mod tests {
             .is_some());
     }
 
+    /// Outlier detection counts each fired per-try timeout as a 504: a
+    /// worker arms no more while two of its armed requests are past their
+    /// delay, and arms again once one ends.
+    #[test]
+    fn arming_waits_while_two_armed_requests_are_past_their_delay() {
+        let (host, mut plugin) = warmed(r#"{"debug_header": true}"#);
+        let start = |host: &FakeHost, plugin: &Plugin<FakeHost>| {
+            host.request(Some("backend"), GET);
+            let mut r = request(plugin);
+            r.on_request_headers();
+            r
+        };
+        let mut first = start(&host, &plugin);
+        let mut second = start(&host, &plugin);
+        let decision = |r: &DownstreamRequest<FakeHost>| {
+            r.decision
+                .as_ref()
+                .map(Decision::describe)
+                .unwrap_or_default()
+        };
+        host.advance_ms(3); // before the ~5 ms delay: both in their race window
+        let third = start(&host, &plugin);
+        assert!(
+            decision(&third).starts_with("armed"),
+            "{}",
+            decision(&third)
+        );
+        host.advance_ms(20); // all three past their delay, none answered
+        let paced = start(&host, &plugin);
+        assert_eq!(decision(&paced), "skipped; reason=paced");
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+        first.on_response_headers(false);
+        first.on_log();
+        let paced = start(&host, &plugin);
+        assert_eq!(decision(&paced), "skipped; reason=paced", "two still past");
+        second.on_response_headers(false);
+        second.on_log();
+        let armed = start(&host, &plugin);
+        assert!(
+            decision(&armed).starts_with("armed"),
+            "{}",
+            decision(&armed)
+        );
+        drop(third);
+        plugin.on_tick();
+        assert_eq!(stat(&host, "paced_total"), 2);
+    }
+
     #[test]
     fn without_route_learning_the_route_is_never_read() {
         let (host, plugin) = warmed(r#"{"max_routes": 0}"#);
@@ -783,9 +835,9 @@ mod tests {
         request(&plugin).on_request_headers();
         assert_eq!(host.calls_to("remove_request_header"), 0);
         assert_eq!(host.calls_to("set_request_header"), 0);
-        // the headers, the cluster, the route's overrides and its name; a
-        // POST is not timed (not a sample)
-        assert_eq!(host.state().calls.len(), 4, "{:?}", host.state().calls);
+        // the headers, the cluster, the route's overrides and its name, the
+        // clock (a deadline, were it armed)
+        assert_eq!(host.state().calls.len(), 5, "{:?}", host.state().calls);
         // a GET's turn to be a sample costs a clock read
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();

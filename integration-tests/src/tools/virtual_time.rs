@@ -377,10 +377,9 @@ pub fn run(
                     Policy::Adaptive { .. } => {
                         // endpoints are the cluster's named routes
                         let route = route_names.get(endpoint).map(|n| n.as_bytes());
-                        match workers
-                            .get_mut(wi)
-                            .map(|w| w.plan(Some(b"backend"), route, &GET))
-                        {
+                        match workers.get_mut(wi).map(|w| {
+                            w.plan_route(Some(b"backend"), route, &[], &GET, Some(t * 1000))
+                        }) {
                             Some(plan) => {
                                 let sample = plan
                                     .cluster

@@ -1,0 +1,246 @@
+//! Armed requests past their delay, per worker and cluster: how many per-try
+//! timeouts the router has fired and not yet seen end.
+//!
+//! Why: when a hedge's per-try timeout fires, Envoy's router reports it to
+//! outlier detection as a local-origin timeout, a 504 unless the cluster sets
+//! `split_external_local_origin_errors` (router `onSoftPerTryTimeout`), even
+//! though the attempt goes on and may well answer 200. `consecutive_5xx`
+//! (5 by default) ejects a host after that many in a row without a success
+//! between. In steady traffic a host's successes come between its timeouts
+//! and nothing happens; but when the whole cluster slows at once (a
+//! brownout), every armed request outlives the delay learned before it, no
+//! attempt answers for a while, and a worker that keeps arming would put
+//! five timeouts in a row on every host within milliseconds: measured
+//! through Envoy 1.40, all three hosts of a cluster ejected by hedging
+//! alone, none without the filter.
+//!
+//! So a worker keeps, per host, the per-try timeouts it has seen fire there
+//! since it last saw the host answer (a success resets outlier detection's
+//! count too) plus the attempts it has armed there whose timeout is still to
+//! come (in a brownout each of them fires), and does not arm a request whose
+//! primary or hedge host has `MAX_TIMEOUTS_PER_HOST` of them: with the
+//! default two workers a host then sees at most four timeouts in a row from
+//! hedging, below `consecutive_5xx`'s five, whatever the latency does.
+//! Counting every pending attempt as a timeout is what makes it a bound (a
+//! rule on the timeouts seen alone, or on those expected from the recent
+//! rate, still let a brownout eject hosts through Envoy: 1 or 2 of 3 in
+//! each of five runs). Its price: at most two armed attempts within their
+//! delay per host and worker at a time, which holds back some requests
+//! from about 100 requests per second per host and worker at a 10 ms delay
+//! (`paced_total`; measured in docs/evaluation.md). A timeout fires at
+//! the deadline for the primary and one per-try timeout later for the hedge
+//! (it is timed too); both are counted when due (on the next request's plan)
+//! or, at the latest, when the request ends. Without host choice the hosts
+//! are not known: a worker then arms only while fewer than
+//! `MAX_PAST_DELAY` of its armed requests to the cluster have timeouts
+//! fired. In steady traffic a timeout is a straggler's, its host answers
+//! other requests within milliseconds, and the rule rarely holds a request
+//! back (`paced_total` counts those it does).
+
+use super::hosts::{HostPick, Hosts};
+
+/// Per-try timeouts a worker may have on one host, fired since the host
+/// last answered or expected, before it arms no request that would go
+/// there.
+pub const MAX_TIMEOUTS_PER_HOST: u32 = 2;
+
+/// Without host choice: armed requests of one worker to one cluster with
+/// a timeout fired, before new requests are not armed.
+pub const MAX_PAST_DELAY: usize = 2;
+
+/// A request this far past its deadline is dropped on the tick: it ended
+/// without being settled (a stream the filter never saw end), or has run
+/// so long that the count it set in outlier detection is long gone.
+const FORGET_AFTER_NS: u64 = 30_000_000_000;
+
+/// An armed request in flight.
+#[derive(Clone, Copy, Debug)]
+struct Armed {
+    /// When the primary's per-try timeout fires (ns).
+    deadline_ns: u64,
+    per_try_ns: u64,
+    /// The hosts named, if the filter chose them.
+    pick: Option<HostPick>,
+    /// Timeouts counted so far: the primary's, then the hedge's.
+    fired: u8,
+}
+
+impl Armed {
+    /// The timeouts due by `now_ns`: the primary's at the deadline, the
+    /// hedge's one per-try timeout later.
+    fn due(&self, now_ns: u64) -> u8 {
+        if now_ns < self.deadline_ns {
+            0
+        } else if now_ns < self.deadline_ns.saturating_add(self.per_try_ns)
+            || self.hedge().is_none()
+        {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn hedge(&self) -> Option<usize> {
+        self.pick.and_then(|p| p.hedge)
+    }
+
+    /// Counts the timeouts from `fired` up to `due` on their hosts.
+    fn count(&mut self, due: u8, hosts: &mut Hosts) {
+        while self.fired < due {
+            let host = match self.fired {
+                0 => self.pick.map(|p| p.primary),
+                _ => self.hedge(),
+            };
+            if let Some(id) = host {
+                hosts.timed_out(id);
+            }
+            self.fired += 1;
+        }
+    }
+}
+
+/// A worker's armed requests to one cluster that have not ended. A short
+/// list: the armed requests in flight.
+#[derive(Debug, Default)]
+pub struct ArmedRequests {
+    armed: Vec<Armed>,
+}
+
+impl ArmedRequests {
+    pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) {
+        self.armed.push(Armed {
+            deadline_ns,
+            per_try_ns,
+            pick,
+            fired: 0,
+        });
+    }
+
+    /// Counts the timeouts due by `now_ns` on their hosts; returns the
+    /// requests with a timeout fired.
+    pub fn fire(&mut self, now_ns: u64, hosts: &mut Hosts) -> usize {
+        let mut past = 0;
+        for a in self.armed.iter_mut() {
+            let due = a.due(now_ns);
+            a.count(due, hosts);
+            past += usize::from(due > 0);
+        }
+        past
+    }
+
+    /// The request armed with `deadline_ns` ended after `latency_us` (if
+    /// timed) and `attempts` (if known): the timeouts it fired and that
+    /// were not counted yet are, then it is forgotten. A second attempt
+    /// means the primary's fired (or the primary failed: a 5xx all the same).
+    pub fn ended(
+        &mut self,
+        deadline_ns: u64,
+        attempts: Option<u64>,
+        latency_us: Option<u64>,
+        hosts: &mut Hosts,
+    ) {
+        let Some(i) = self.armed.iter().position(|a| a.deadline_ns == deadline_ns) else {
+            return;
+        };
+        let mut a = self.armed.swap_remove(i);
+        let started = a.deadline_ns.saturating_sub(a.per_try_ns);
+        let by_latency = latency_us.map_or(0, |us| {
+            a.due(started.saturating_add(us.saturating_mul(1000)))
+        });
+        let by_attempts = u8::from(attempts.is_some_and(|n| n >= 2));
+        a.count(by_latency.max(by_attempts), hosts);
+    }
+
+    /// Attempts on host `id` whose per-try timeout has not fired yet (as of
+    /// the last `fire`): in a brownout each of them will.
+    pub fn pending_on(&self, id: usize) -> u32 {
+        let on = |a: &Armed| {
+            let primary = a.fired == 0 && a.pick.is_some_and(|p| p.primary == id);
+            let hedge = a.fired < 2 && a.hedge() == Some(id);
+            u32::from(primary) + u32::from(hedge)
+        };
+        self.armed.iter().map(on).sum()
+    }
+
+    pub fn forget_stale(&mut self, now_ns: u64) {
+        self.armed
+            .retain(|a| a.deadline_ns.saturating_add(FORGET_AFTER_NS) > now_ns);
+    }
+
+    pub fn len(&self) -> usize {
+        self.armed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.armed.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn three_hosts() -> Hosts {
+        let mut hosts = Hosts::default();
+        for a in ["a:1", "b:1", "c:1"] {
+            hosts.find_or_add(a.as_bytes());
+        }
+        hosts
+    }
+
+    fn pick(primary: usize, hedge: usize) -> Option<HostPick> {
+        Some(HostPick {
+            primary,
+            hedge: Some(hedge),
+        })
+    }
+
+    #[test]
+    fn timeouts_are_counted_on_their_hosts_when_due() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        armed.armed(10 * MS, 10 * MS, pick(0, 1));
+        armed.armed(12 * MS, 10 * MS, pick(0, 2));
+        assert_eq!(armed.fire(9 * MS, &mut hosts), 0);
+        assert_eq!((armed.pending_on(0), armed.pending_on(1)), (2, 1));
+        assert_eq!(armed.fire(12 * MS, &mut hosts), 2);
+        assert_eq!((armed.pending_on(0), armed.pending_on(1)), (0, 1));
+        assert_eq!(hosts.timeouts_unanswered(0), 2);
+        assert_eq!(hosts.timeouts_unanswered(1), 0);
+        // the first one's hedge is timed out too at 20 ms; counted once
+        armed.fire(20 * MS, &mut hosts);
+        armed.fire(21 * MS, &mut hosts);
+        assert_eq!(hosts.timeouts_unanswered(1), 1);
+        // a success of host 0 resets its count
+        hosts.succeeded(0);
+        assert_eq!(hosts.timeouts_unanswered(0), 0);
+        // ending counts what fired since the last look: the second's hedge
+        armed.ended(12 * MS, Some(2), Some(25_000), &mut hosts);
+        assert_eq!(hosts.timeouts_unanswered(2), 1);
+        assert_eq!(
+            hosts.timeouts_unanswered(0),
+            0,
+            "its primary was counted before"
+        );
+        armed.ended(10 * MS, Some(2), None, &mut hosts);
+        assert!(armed.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_ends_before_its_deadline_counts_nothing_and_stale_ones_go() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        armed.armed(10 * MS, 10 * MS, pick(0, 1));
+        armed.ended(10 * MS, Some(1), Some(4_000), &mut hosts);
+        assert_eq!(hosts.timeouts_unanswered(0), 0);
+        // not timed, but a second attempt: the primary's fired
+        armed.armed(10 * MS, 10 * MS, pick(0, 1));
+        armed.ended(10 * MS, Some(2), None, &mut hosts);
+        assert_eq!(hosts.timeouts_unanswered(0), 1);
+        armed.armed(10 * MS, 10 * MS, None);
+        armed.forget_stale(10 * MS + FORGET_AFTER_NS);
+        assert_eq!(armed.len(), 0);
+    }
+}
