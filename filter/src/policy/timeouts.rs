@@ -16,33 +16,30 @@
 //!
 //! So a worker keeps, per host, the per-try timeouts it has seen fire there
 //! since it last saw the host answer (a success resets outlier detection's
-//! count too) plus the attempts it has armed there whose timeout is still to
-//! come (in a brownout each of them fires), and does not arm a request whose
-//! primary or hedge host has `MAX_TIMEOUTS_PER_HOST` of them: with the
-//! default two workers a host then sees at most four timeouts in a row from
-//! hedging, below `consecutive_5xx`'s five, whatever the latency does.
-//! Counting every pending attempt as a timeout is what makes it a bound (a
-//! rule on the timeouts seen alone, or on those expected from the recent
-//! rate, still let a brownout eject hosts through Envoy: 1 or 2 of 3 in
-//! each of five runs). Its price: at most two armed attempts within their
-//! delay per host and worker at a time, which holds back some requests
-//! from about 100 requests per second per host and worker at a 10 ms delay
-//! (`paced_total`; measured in docs/evaluation.md). A timeout fires at
-//! the deadline for the primary and one per-try timeout later for the hedge
-//! (it is timed too); both are counted when due (on the next request's plan)
-//! or, at the latest, when the request ends. Without host choice the hosts
-//! are not known: a worker then arms only while fewer than
-//! `MAX_PAST_DELAY` of its armed requests to the cluster have timeouts
-//! fired. In steady traffic a timeout is a straggler's, its host answers
-//! other requests within milliseconds, and the rule rarely holds a request
-//! back (`paced_total` counts those it does).
+//! count too) plus the timeouts to expect from the attempts it has armed
+//! there that have not fired yet, and arms no request whose primary or
+//! hedge host would reach `MAX_TIMEOUTS_PER_HOST` (one). A pending attempt
+//! fires with the rate recent armed requests' primaries did (about 8% in
+//! steady traffic); once that rate is past `STALE` the delay is stale (a
+//! brownout) and each is expected to fire. In steady traffic a timeout is
+//! a straggler's and the host answers other requests within milliseconds,
+//! so the rule holds back few requests (`paced_total`); in a brownout a
+//! worker leaves about one timeout standing per host, two workers about
+//! two, below `consecutive_5xx`'s five.
+//!
+//! Measured through Envoy (tests/mesh.rs, three hosts 10x slower at once,
+//! `consecutive_5xx: 5`): all three hosts ejected before; with the rule none.
+//! Two variants that failed: counting only the timeouts seen fire let
+//! those already armed fire after them (1-3 ejections per run); counting
+//! every pending attempt as a sure timeout held back 40% of requests in
+//! steady traffic at 500 req/s (p99 20 -> 44 ms).
 
 use super::hosts::{HostPick, Hosts};
 
-/// Per-try timeouts a worker may have on one host, fired since the host
-/// last answered or expected, before it arms no request that would go
+/// Per-try timeouts a worker may have on one host (fired since the host
+/// last answered, or to expect) before it arms no request that would go
 /// there.
-pub const MAX_TIMEOUTS_PER_HOST: u32 = 2;
+pub const MAX_TIMEOUTS_PER_HOST: f64 = 1.0;
 
 /// Without host choice: armed requests of one worker to one cluster with
 /// a timeout fired, before new requests are not armed.
@@ -84,8 +81,10 @@ impl Armed {
         self.pick.and_then(|p| p.hedge)
     }
 
-    /// Counts the timeouts from `fired` up to `due` on their hosts.
-    fn count(&mut self, due: u8, hosts: &mut Hosts) {
+    /// Counts the timeouts from `fired` up to `due` on their hosts; true if
+    /// the primary's is among them.
+    fn count(&mut self, due: u8, hosts: &mut Hosts) -> bool {
+        let primary_fires = self.fired == 0 && due > 0;
         while self.fired < due {
             let host = match self.fired {
                 0 => self.pick.map(|p| p.primary),
@@ -96,14 +95,38 @@ impl Armed {
             }
             self.fired += 1;
         }
+        primary_fires
     }
 }
 
 /// A worker's armed requests to one cluster that have not ended. A short
 /// list: the armed requests in flight.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ArmedRequests {
     armed: Vec<Armed>,
+    /// Share of recent armed requests whose primary timed out (an EWMA):
+    /// about the share above the delay (8%) in steady traffic, near 1 when
+    /// the delay is stale.
+    fire_rate: f64,
+}
+
+/// Weight of each armed request in `fire_rate`: one timeout takes it from
+/// the steady 8% past `STALE`, so a brownout is taken as such from its
+/// first timeout.
+const FIRE_RATE_WEIGHT: f64 = 0.2;
+
+/// A fire rate above this (three times what the default delay, the p92,
+/// lets through) says the delay is stale, as in a brownout: every pending
+/// attempt is then expected to fire.
+const STALE: f64 = 0.25;
+
+impl Default for ArmedRequests {
+    fn default() -> Self {
+        ArmedRequests {
+            armed: Vec::new(),
+            fire_rate: 0.08,
+        }
+    }
 }
 
 impl ArmedRequests {
@@ -120,12 +143,22 @@ impl ArmedRequests {
     /// requests with a timeout fired.
     pub fn fire(&mut self, now_ns: u64, hosts: &mut Hosts) -> usize {
         let mut past = 0;
+        let mut fires = 0;
         for a in self.armed.iter_mut() {
             let due = a.due(now_ns);
-            a.count(due, hosts);
+            fires += u32::from(a.count(due, hosts));
             past += usize::from(due > 0);
         }
+        for _ in 0..fires {
+            self.observe(true);
+        }
         past
+    }
+
+    /// An armed request's primary fired, or ended without firing.
+    fn observe(&mut self, fired: bool) {
+        let x = if fired { 1.0 } else { 0.0 };
+        self.fire_rate += FIRE_RATE_WEIGHT * (x - self.fire_rate);
     }
 
     /// The request armed with `deadline_ns` ended after `latency_us` (if
@@ -148,11 +181,26 @@ impl ArmedRequests {
             a.due(started.saturating_add(us.saturating_mul(1000)))
         });
         let by_attempts = u8::from(attempts.is_some_and(|n| n >= 2));
-        a.count(by_latency.max(by_attempts), hosts);
+        let never_fired = a.fired == 0;
+        let fires_now = a.count(by_latency.max(by_attempts), hosts);
+        if fires_now || never_fired {
+            self.observe(fires_now);
+        }
     }
 
-    /// Attempts on host `id` whose per-try timeout has not fired yet (as of
-    /// the last `fire`): in a brownout each of them will.
+    /// The timeouts to expect on host `id` from the attempts armed there
+    /// that have not fired yet (as of the last `fire`): each fires with the
+    /// recent fire rate, or surely once the delay is stale.
+    pub fn expected_on(&self, id: usize) -> f64 {
+        let chance = if self.fire_rate > STALE {
+            1.0
+        } else {
+            self.fire_rate
+        };
+        chance * f64::from(self.pending_on(id))
+    }
+
+    /// Attempts on host `id` whose per-try timeout has not fired yet.
     pub fn pending_on(&self, id: usize) -> u32 {
         let on = |a: &Armed| {
             let primary = a.fired == 0 && a.pick.is_some_and(|p| p.primary == id);

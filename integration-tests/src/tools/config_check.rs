@@ -71,6 +71,7 @@ fn walk(
                 inspect(value, &plugin, path, kind, report, first_byte);
             }
             check_upstream_chain(value, path, report);
+            check_outlier_detection(value, path, report);
             // A JSON patch (`{op, path, value}`) puts its target in a string.
             let patch_path = value
                 .get("path")
@@ -201,6 +202,33 @@ fn inspect(
 }
 
 /// A cluster's upstream filter chain must end with the upstream codec.
+/// Outlier detection (an Envoy cluster's, an Istio `DestinationRule`'s, an
+/// Envoy Gateway passive health check) without the local-origin split
+/// counts every fired per-try timeout, which is what a hedge is, as a 5xx:
+/// `consecutive_5xx` can then eject healthy hosts when a whole cluster
+/// slows (docs/deployment.md, outlier detection).
+fn check_outlier_detection(value: &Value, path: &[String], report: &mut Report) {
+    let in_health_check = path.last().is_some_and(|p| p == "healthCheck");
+    for (key, split) in [
+        ("outlier_detection", "split_external_local_origin_errors"),
+        ("outlierDetection", "splitExternalLocalOriginErrors"),
+        ("passive", "splitExternalLocalOriginErrors"),
+    ] {
+        if key == "passive" && !in_health_check {
+            continue;
+        }
+        let Some(detection) = value.get(key).filter(|v| v.is_mapping()) else {
+            continue;
+        };
+        if detection.get(split).and_then(Value::as_bool) != Some(true) {
+            report.warnings.push(format!(
+                "{}.{key}: without {split}: true every hedge's per-try timeout counts as a 5xx, and a cluster that slows all at once can have healthy hosts ejected (docs/deployment.md#outlier-detection)",
+                path.join(".")
+            ));
+        }
+    }
+}
+
 fn check_upstream_chain(value: &Value, path: &[String], report: &mut Report) {
     let Some(filters) = value.get("http_filters").and_then(Value::as_sequence) else {
         return;
