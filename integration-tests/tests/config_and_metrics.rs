@@ -77,8 +77,17 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     let (warm_backend, warm_backend_b) = runtime().block_on(async {
         let backend = common::warm_up(&client, &envoy, "/", 300, 4).await;
         let backend_b = common::warm_up(&client, &envoy, "/b/", 120, 4).await;
-        // three requests whose first attempt is held: hedged
+        // three requests whose first attempt is held: hedged. Ordinary
+        // requests in between, as in real traffic: held requests back to
+        // back and nothing else would look like a brownout (every armed
+        // request past its delay), where the filter holds back hosts with
+        // a per-try timeout standing (see `timeouts`)
         for _ in 0..3 {
+            for _ in 0..4 {
+                load::request(&client, "GET", &envoy.url("/"), &[])
+                    .await
+                    .unwrap();
+            }
             let r = load::request(
                 &client,
                 "GET",
@@ -103,8 +112,9 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
         }
         (backend, backend_b)
     });
-    // the warm-ups' requests, the held ones and the POSTs
-    let backend_total = warm_backend as f64 + 3.0;
+    // the warm-ups' requests, the held ones with the ordinary ones between,
+    // and the POSTs
+    let backend_total = warm_backend as f64 + 3.0 * 5.0;
     let backend_b_total = warm_backend_b as f64 + 7.0;
     // each worker flushes its counters together, on its tick
     envoy.flushed_filter_stat("requests_total", "backend", backend_total as i64);
@@ -138,10 +148,11 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     let armed = value("adaptive_hedge_hedges_armed_total", "backend");
     let exhausted = value("adaptive_hedge_budget_exhausted_total", "backend");
     let ineligible = value("adaptive_hedge_ineligible_total", "backend");
+    let paced = value("adaptive_hedge_paced_total", "backend");
     assert_eq!(
-        armed + exhausted + ineligible,
+        armed + exhausted + ineligible + paced,
         backend_total,
-        "every request is armed, refused or ineligible"
+        "every request is armed, refused, paced or ineligible"
     );
     // hedges sent = extra attempts Envoy started; a hedge cancelled while its
     // connection was still being set up (the primary won first) never reaches

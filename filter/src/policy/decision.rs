@@ -28,7 +28,7 @@ use super::budget::LocalBudget;
 use super::config::{ClusterPolicy, Config, LatencySignal, Mode};
 use super::hedge_delay::HedgeDelay;
 use super::hosts::{HostPick, Hosts};
-use super::timeouts::{ArmedRequests, MAX_PAST_DELAY, MAX_TIMEOUTS_PER_HOST};
+use super::timeouts::{ArmedRequests, MAX_PAST_DELAY};
 use crate::headers::{
     FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_ON,
 };
@@ -375,31 +375,47 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         .filter(|view| view.policy.mode == Mode::Hedge)
         .and_then(|view| Some((view, view.hosts?)))
         .filter(|_| !client_chose);
-    let choose = |armed: bool| {
+    // Outlier detection counts each fired per-try timeout as a 504: an
+    // armed request's hosts avoid those whose timeouts could add up there
+    // (see `timeouts`); with no host clear for both attempts the request
+    // is not armed (it still goes to its host, whose answer clears the
+    // count).
+    let held_back = |id: usize| {
+        chooser.is_some_and(|(view, known)| {
+            let standing = known.timeouts_unanswered(id);
+            view.armed.map_or(standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST, |armed| {
+                armed.held_back(id, standing)
+            })
+        })
+    };
+    let choose = |armed: bool, avoid: &dyn Fn(usize) -> bool| {
         chooser.and_then(|(view, hosts)| {
-            let pick = hosts.choose(view.policy.host_choices, view.random, armed)?;
+            let pick =
+                hosts.choose_avoiding(view.policy.host_choices, view.random, armed, avoid)?;
             Some((pick, hosts.header_value(pick)?))
         })
     };
-    let mut hosts = choose(matches!(decision, Decision::Arm(_)));
-    // Outlier detection counts each fired per-try timeout as a 504: not
-    // armed if a host it would go to has timeouts standing, or, with no
-    // host named, while enough armed requests have (see `timeouts`).
+    let anywhere = |_: usize| false;
+    let mut hosts = None;
     if let (Decision::Arm(a), Some(view)) = (&decision, tracked) {
-        let paced = match (&hosts, chooser) {
-            (Some((pick, _)), Some((_, known))) => [Some(pick.primary), pick.hedge]
-                .into_iter()
-                .flatten()
-                .any(|id| {
-                    let expected = view.armed.map_or(0.0, |armed| armed.expected_on(id));
-                    f64::from(known.timeouts_unanswered(id)) + expected >= MAX_TIMEOUTS_PER_HOST
-                }),
-            _ => view.past_delay >= MAX_PAST_DELAY,
+        let avoiding = if a.shadow {
+            &anywhere as &dyn Fn(usize) -> bool
+        } else {
+            &held_back
         };
-        if paced && !a.shadow {
+        hosts = choose(true, avoiding);
+        let paced = !a.shadow
+            && match &hosts {
+                Some((pick, _)) => pick.hedge.is_none() || held_back(pick.primary),
+                // no host named: the cluster's armed requests past their delay
+                None => view.past_delay >= MAX_PAST_DELAY,
+            };
+        if paced {
             decision = Decision::Skip(Skip::Paced);
-            hosts = choose(false);
         }
+    }
+    if !matches!(decision, Decision::Arm(_)) {
+        hosts = choose(false, &anywhere);
     }
     let mut strip = match &decision {
         // The armed headers replace the client's; a client's marker goes
@@ -825,14 +841,20 @@ mod tests {
     /// not sent an armed request: outlier detection would count the next as
     /// a second 504 in a row. Its requests still go to a host.
     #[test]
-    fn no_armed_request_goes_to_a_host_with_a_timeout_standing() {
+    fn no_armed_request_goes_to_a_host_with_two_timeouts_standing() {
+        // a and b are eligible (c is on probation)
         let mut hosts = three_hosts();
         let random = u64::MAX / 3;
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         let (Decision::Arm(_), Some(pick)) = (&p.decision, p.hosts) else {
             panic!("{p:?}");
         };
-        hosts.timed_out(pick.hedge.unwrap());
+        let hedge = pick.hedge.unwrap();
+        // one timeout standing: a straggler's, cleared by the next answer
+        hosts.timed_out(hedge);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        hosts.timed_out(hedge);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert_eq!(p.decision, Decision::Skip(Skip::Paced));
         assert_eq!(
@@ -840,7 +862,15 @@ mod tests {
             Some((pick.primary, None))
         );
         assert_eq!(p.settlement(), None);
-        hosts.succeeded(pick.hedge.unwrap());
+        // the primary's host held back: no pair clear, not armed (it goes
+        // to a host as any unarmed request, its answer clears the count)
+        hosts.succeeded(hedge);
+        hosts.timed_out(pick.primary);
+        hosts.timed_out(pick.primary);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert_eq!(p.decision, Decision::Skip(Skip::Paced));
+        assert_eq!(p.hosts.and_then(|h| h.hedge), None);
+        hosts.succeeded(pick.primary);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)));
     }

@@ -513,6 +513,20 @@ impl Hosts {
     /// to the cluster's balancer. `random`: a fresh random number per
     /// request (the worker's generator; this stays pure).
     pub fn choose(&self, choices: usize, random: u64, want_hedge: bool) -> Option<HostPick> {
+        self.choose_avoiding(choices, random, want_hedge, |_| false)
+    }
+
+    /// `choose` for an armed request (`want_hedge`) among the hosts that
+    /// `avoid` does not name (hosts whose per-try timeouts could add up in
+    /// outlier detection; see `timeouts`). With no such host the primary is
+    /// drawn among all and no hedge host is named: the caller does not arm.
+    pub fn choose_avoiding(
+        &self,
+        choices: usize,
+        random: u64,
+        want_hedge: bool,
+        avoid: impl Fn(HostId) -> bool,
+    ) -> Option<HostPick> {
         // the exploration share: the top 24 bits decide
         if ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64 {
             return None;
@@ -523,10 +537,13 @@ impl Hosts {
                 .enumerate()
                 .filter(|(_, h)| h.known() && !h.probation)
         };
-        let count = eligible().count();
-        if count < 2 {
+        if eligible().count() < 2 {
             return None;
         }
+        let clear = |i: HostId| !(want_hedge && avoid(i));
+        let any_clear = eligible().any(|(i, _)| clear(i));
+        let candidates = || eligible().filter(move |&(i, _)| !any_clear || clear(i));
+        let count = candidates().count();
         // `choices` distinct draws among the eligible hosts: the k-th draw
         // takes the j-th eligible host not drawn before (a partial
         // Fisher-Yates without a buffer: at most 4 draws)
@@ -536,7 +553,7 @@ impl Hosts {
         for k in 0..choices.clamp(1, 4).min(count) {
             state = mix(state);
             let mut j = (state % (count - k) as u64) as usize;
-            let pick = eligible().map(|(i, _)| i).find(|i| {
+            let pick = candidates().map(|(i, _)| i).find(|i| {
                 if drawn.contains(i) {
                     return false;
                 }
@@ -558,7 +575,7 @@ impl Hosts {
         let (_, primary) = primary?;
         let hedge = if want_hedge {
             eligible()
-                .filter(|&(i, _)| i != primary)
+                .filter(|&(i, _)| i != primary && clear(i))
                 .min_by(|a, b| a.1.score().total_cmp(&b.1.score()))
                 .map(|(i, _)| i)
         } else {

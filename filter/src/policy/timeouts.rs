@@ -36,10 +36,12 @@
 
 use super::hosts::{HostPick, Hosts};
 
-/// Per-try timeouts a worker may have on one host (fired since the host
-/// last answered, or to expect) before it arms no request that would go
-/// there.
-pub const MAX_TIMEOUTS_PER_HOST: f64 = 1.0;
+/// In steady traffic: per-try timeouts a worker may leave standing on one
+/// host (fired since the host last answered) before it sends that host no
+/// armed attempt. Two per worker: two workers leave at most four, below
+/// `consecutive_5xx`'s default five; stragglers' timeouts are cleared by
+/// the host's next answer, milliseconds later, so this rarely binds.
+pub const STEADY_TIMEOUTS_PER_HOST: u32 = 2;
 
 /// Without host choice: armed requests of one worker to one cluster with
 /// a timeout fired, before new requests are not armed.
@@ -105,31 +107,46 @@ impl Armed {
 pub struct ArmedRequests {
     armed: Vec<Armed>,
     /// Share of recent armed requests whose primary timed out (an EWMA):
-    /// about the share above the delay (8%) in steady traffic, near 1 when
-    /// the delay is stale.
+    /// about the share the delay plans to let through in steady traffic
+    /// (8% with the defaults), near 1 when the delay is stale.
     fire_rate: f64,
+    /// Past this `fire_rate` the delay is stale.
+    stale_above: f64,
 }
 
-/// Weight of each armed request in `fire_rate`: one timeout takes it from
-/// the steady 8% past `STALE`, so a brownout is taken as such from its
-/// first timeout.
-const FIRE_RATE_WEIGHT: f64 = 0.2;
+/// Weight of each armed request in `fire_rate`: with the defaults, two
+/// timeouts in a row take it from the steady 8% past `stale_above` (25%):
+/// one armed request in 12 or so fires in steady traffic, two in a row
+/// are rare and the next in time brings the rate back under; a brownout
+/// is taken as such from its second timeout.
+const FIRE_RATE_WEIGHT: f64 = 0.1;
 
-/// A fire rate above this (three times what the default delay, the p92,
-/// lets through) says the delay is stale, as in a brownout: every pending
-/// attempt is then expected to fire.
-const STALE: f64 = 0.25;
+/// The delay is stale (a brownout) when the recent fire rate is past three
+/// times what the delay plans, and at least this (the default delay, the
+/// p92, plans 8%)...
+const STALE_MIN: f64 = 0.25;
+/// ... and at most this: a route hedging at its p50 is stale only once
+/// nearly every armed request fires.
+const STALE_MAX: f64 = 0.9;
 
 impl Default for ArmedRequests {
     fn default() -> Self {
-        ArmedRequests {
-            armed: Vec::new(),
-            fire_rate: 0.08,
-        }
+        ArmedRequests::new(0.08)
     }
 }
 
 impl ArmedRequests {
+    /// `planned_fire_share`: the share of armed requests the delay plans to
+    /// outlive it (1 - the quantile it is taken at).
+    pub fn new(planned_fire_share: f64) -> Self {
+        let planned = planned_fire_share.clamp(0.0, 1.0);
+        ArmedRequests {
+            armed: Vec::new(),
+            fire_rate: planned,
+            stale_above: (3.0 * planned).clamp(STALE_MIN, STALE_MAX),
+        }
+    }
+
     pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) {
         self.armed.push(Armed {
             deadline_ns,
@@ -188,16 +205,24 @@ impl ArmedRequests {
         }
     }
 
-    /// The timeouts to expect on host `id` from the attempts armed there
-    /// that have not fired yet (as of the last `fire`): each fires with the
-    /// recent fire rate, or surely once the delay is stale.
-    pub fn expected_on(&self, id: usize) -> f64 {
-        let chance = if self.fire_rate > STALE {
-            1.0
+    /// Whether the delay is stale: recent armed requests' primaries fire
+    /// far more often than the delay plans (a brownout).
+    pub fn stale(&self) -> bool {
+        self.fire_rate > self.stale_above
+    }
+
+    /// Whether host `id`, with `standing` timeouts fired since it last
+    /// answered, takes no armed attempt now. Steady: at
+    /// `STEADY_TIMEOUTS_PER_HOST` standing. Stale delay: every attempt
+    /// pending there will fire too, so a host with any timeout standing or
+    /// any attempt pending is held back (one timeout at a time per host
+    /// and worker).
+    pub fn held_back(&self, id: usize, standing: u32) -> bool {
+        if self.stale() {
+            standing.saturating_add(self.pending_on(id)) >= 1
         } else {
-            self.fire_rate
-        };
-        chance * f64::from(self.pending_on(id))
+            standing >= STEADY_TIMEOUTS_PER_HOST
+        }
     }
 
     /// Attempts on host `id` whose per-try timeout has not fired yet.
@@ -290,5 +315,55 @@ mod tests {
         armed.armed(10 * MS, 10 * MS, None);
         armed.forget_stale(10 * MS + FORGET_AFTER_NS);
         assert_eq!(armed.len(), 0);
+    }
+
+    #[test]
+    fn a_stale_delay_holds_back_hosts_with_any_timeout_standing_or_pending() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        armed.armed(10 * MS, 10 * MS, pick(0, 1));
+        // steady: a pending attempt and one timeout standing are fine
+        assert!(!armed.stale());
+        assert!(!armed.held_back(0, 0));
+        assert!(!armed.held_back(0, 1));
+        assert!(armed.held_back(0, STEADY_TIMEOUTS_PER_HOST));
+        // primaries fire one after another: the delay is stale
+        for i in 0..3 {
+            armed.armed((20 + i) * MS, 10 * MS, pick(2, 1));
+        }
+        armed.fire(23 * MS, &mut hosts);
+        assert!(armed.stale());
+        assert!(armed.held_back(1, 0), "hedges pending on host 1");
+        assert!(armed.held_back(2, 1), "a timeout standing on host 2");
+        // host 0: its primary fired at 10 ms and its hedge will at 20 ms
+        armed.ended(10 * MS, Some(2), Some(12_000), &mut hosts);
+        assert!(!armed.held_back(0, 0));
+        // steady again after enough armed requests end in time
+        for i in 0..12 {
+            armed.armed((100 + i) * MS, 10 * MS, pick(0, 1));
+            armed.ended((100 + i) * MS, Some(1), Some(3_000), &mut hosts);
+        }
+        assert!(!armed.stale());
+    }
+
+    #[test]
+    fn a_delay_planned_to_fire_often_is_not_stale_until_nearly_every_request_fires() {
+        let mut hosts = three_hosts();
+        // a route hedging at its p50: every other armed request fires
+        let mut armed = ArmedRequests::new(0.5);
+        for i in 0..400u64 {
+            armed.armed(i * MS, MS, pick(0, 1));
+            let latency_us = if i % 2 == 0 { 500 } else { 1_500 };
+            armed.ended(i * MS, Some(1 + i % 2), Some(latency_us), &mut hosts);
+            assert!(!armed.stale(), "stale at {i}");
+        }
+        // then everything fires
+        let mut fires = 0;
+        while !armed.stale() {
+            armed.armed(1000 * MS, MS, pick(0, 1));
+            armed.ended(1000 * MS, Some(2), Some(5_000), &mut hosts);
+            fires += 1;
+            assert!(fires < 30, "not taken as a brownout");
+        }
     }
 }

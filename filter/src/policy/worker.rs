@@ -165,6 +165,7 @@ pub struct ClusterState {
 
 impl ClusterState {
     fn new(name: String, policy: Arc<ClusterPolicy>) -> Self {
+        let armed = ArmedRequests::new(1.0 - trigger_quantile(&policy));
         ClusterState {
             name,
             budget: LocalBudget::new(budget_terms(&policy)),
@@ -188,7 +189,7 @@ impl ClusterState {
             hosts: Hosts::default(),
             hosts_summary: HostsSummary::default(),
             override_check: OverrideCheck::default(),
-            armed: ArmedRequests::default(),
+            armed,
         }
     }
 
