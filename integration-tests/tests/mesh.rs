@@ -341,12 +341,12 @@ fn ejections_in_a_brownout(
 /// outlier detection: each fired per-try timeout (every hedge's) reaches it
 /// as a 504. With the local-origin split the shipped manifests set, no host
 /// is ejected. With outlier detection's defaults the filter paces itself
-/// (`timeouts`: no armed request to a host with a timeout standing or
-/// expected; `paced_total`): before, all 3 hosts were ejected in every run;
-/// now none in most runs, but attempts armed before the first timeout
-/// fires (a primary and a hedge each) still fire, and one or two hosts were
-/// ejected in about one run in four: asserted here is that the cluster is
-/// never emptied. Without the filter: none.
+/// (`timeouts`: once the delay is stale, no armed attempt to a host with a
+/// timeout standing or an attempt pending; `paced_total`): before, all 3
+/// hosts were ejected in every run; now 0-2 (2, 1, 0, 1, 1 in five runs):
+/// the attempts armed before the delay is seen stale (a primary and a hedge
+/// each) still fire. Asserted here is that the cluster is never emptied.
+/// Without the filter: none.
 #[test]
 fn a_brownout_ejects_no_host_with_the_shipped_outlier_settings() {
     let plugin = r#"{"debug_header": true, "min_samples": 50}"#;

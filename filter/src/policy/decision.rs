@@ -383,9 +383,10 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let held_back = |id: usize| {
         chooser.is_some_and(|(view, known)| {
             let standing = known.timeouts_unanswered(id);
-            view.armed.map_or(standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST, |armed| {
-                armed.held_back(id, standing)
-            })
+            view.armed.map_or(
+                standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST,
+                |armed| armed.held_back(id, standing),
+            )
         })
     };
     let choose = |armed: bool, avoid: &dyn Fn(usize) -> bool| {

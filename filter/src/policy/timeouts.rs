@@ -16,23 +16,22 @@
 //!
 //! So a worker keeps, per host, the per-try timeouts it has seen fire there
 //! since it last saw the host answer (a success resets outlier detection's
-//! count too) plus the timeouts to expect from the attempts it has armed
-//! there that have not fired yet, and arms no request whose primary or
-//! hedge host would reach `MAX_TIMEOUTS_PER_HOST` (one). A pending attempt
-//! fires with the rate recent armed requests' primaries did (about 8% in
-//! steady traffic); once that rate is past `STALE` the delay is stale (a
-//! brownout) and each is expected to fire. In steady traffic a timeout is
-//! a straggler's and the host answers other requests within milliseconds,
-//! so the rule holds back few requests (`paced_total`); in a brownout a
-//! worker leaves about one timeout standing per host, two workers about
-//! two, below `consecutive_5xx`'s five.
+//! count too) and the attempts it has armed there that have not fired
+//! yet, and holds hosts back from armed requests (`held_back`):
+//!
+//! - steady, while the share of recent armed requests whose primary fired
+//!   is near what the delay plans: a timeout is a straggler's and the host
+//!   answers other requests within milliseconds, so only a host with
+//!   `STEADY_TIMEOUTS_PER_HOST` (two) standing is held back;
+//! - stale, once that share passes three times the planned one (a
+//!   brownout): every pending attempt will fire too, so a host with any
+//!   timeout standing or attempt pending is held back.
 //!
 //! Measured through Envoy (tests/mesh.rs, three hosts 10x slower at once,
-//! `consecutive_5xx: 5`): all three hosts ejected before; with the rule none.
-//! Two variants that failed: counting only the timeouts seen fire let
-//! those already armed fire after them (1-3 ejections per run); counting
-//! every pending attempt as a sure timeout held back 40% of requests in
-//! steady traffic at 500 req/s (p99 20 -> 44 ms).
+//! `consecutive_5xx: 5`): all three hosts ejected before; with the split
+//! none; with outlier detection's defaults 0-2 per run (the attempts armed
+//! before the delay is seen stale all fire). The steady cost is within
+//! noise (design.md, "Outlier detection", with the variants that failed).
 
 use super::hosts::{HostPick, Hosts};
 
