@@ -865,13 +865,13 @@ mod tests {
         assert_eq!(p.settlement(), None);
         // the primary's host held back: no pair clear, not armed (it goes
         // to a host as any unarmed request, its answer clears the count)
-        hosts.succeeded(hedge);
+        hosts.answered_upstream(hedge);
         hosts.timed_out(pick.primary);
         hosts.timed_out(pick.primary);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert_eq!(p.decision, Decision::Skip(Skip::Paced));
         assert_eq!(p.hosts.and_then(|h| h.hedge), None);
-        hosts.succeeded(pick.primary);
+        hosts.answered_upstream(pick.primary);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)));
     }

@@ -133,7 +133,7 @@ pub struct Host {
     /// once nothing in flight names it.
     gone: bool,
     /// Per-try timeouts of this worker's armed requests fired on it since
-    /// it last answered a success (see `timeouts`).
+    /// it last answered (see `timeouts`).
     timeouts_unanswered: u32,
 }
 
@@ -324,15 +324,15 @@ impl Hosts {
         }
     }
 
-    /// `id` answered a success: outlier detection's count of its
-    /// consecutive errors starts again.
-    pub fn succeeded(&mut self, id: HostId) {
+    /// `id` answered (see `Worker::on_host_response`): the timeouts the
+    /// filter left standing there are over.
+    pub fn answered_upstream(&mut self, id: HostId) {
         if let Some(h) = self.hosts.get_mut(id) {
             h.timeouts_unanswered = 0;
         }
     }
 
-    /// Timeouts fired on `id` since its last success, as this worker saw.
+    /// Timeouts fired on `id` since it last answered, as this worker saw.
     pub fn timeouts_unanswered(&self, id: HostId) -> u32 {
         self.hosts.get(id).map_or(0, |h| h.timeouts_unanswered)
     }

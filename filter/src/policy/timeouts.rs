@@ -100,6 +100,17 @@ impl Armed {
     }
 }
 
+/// When an armed request ended, as far as the worker knows.
+#[derive(Clone, Copy, Debug)]
+pub enum Ended {
+    /// At this time (ns, the host's clock).
+    At(u64),
+    /// This long (µs) after it started.
+    After(u64),
+    /// Not timed.
+    Untimed,
+}
+
 /// A worker's armed requests to one cluster that have not ended. A short
 /// list: the armed requests in flight.
 #[derive(Debug)]
@@ -177,15 +188,18 @@ impl ArmedRequests {
         self.fire_rate += FIRE_RATE_WEIGHT * (x - self.fire_rate);
     }
 
-    /// The request armed with `deadline_ns` ended after `latency_us` (if
-    /// timed) and `attempts` (if known): the timeouts it fired and that
-    /// were not counted yet are, then it is forgotten. A second attempt
-    /// means the primary's fired (or the primary failed: a 5xx all the same).
+    /// The request armed with `deadline_ns` ended (`ended`) after
+    /// `attempts` (if known): the timeouts it fired and that were not
+    /// counted yet are, then it is forgotten. Untimed, a second attempt is
+    /// taken as the primary's timeout having fired; timed, an answer before
+    /// the deadline was a retry after a fast failure, not a timeout
+    /// (outlier detection sees that failure whatever the filter does, and
+    /// a 503 storm must not read as a stale delay).
     pub fn ended(
         &mut self,
         deadline_ns: u64,
         attempts: Option<u64>,
-        latency_us: Option<u64>,
+        ended: Ended,
         hosts: &mut Hosts,
     ) {
         let Some(i) = self.armed.iter().position(|a| a.deadline_ns == deadline_ns) else {
@@ -193,12 +207,13 @@ impl ArmedRequests {
         };
         let mut a = self.armed.swap_remove(i);
         let started = a.deadline_ns.saturating_sub(a.per_try_ns);
-        let by_latency = latency_us.map_or(0, |us| {
-            a.due(started.saturating_add(us.saturating_mul(1000)))
-        });
-        let by_attempts = u8::from(attempts.is_some_and(|n| n >= 2));
+        let due = match ended {
+            Ended::At(at_ns) => a.due(at_ns),
+            Ended::After(us) => a.due(started.saturating_add(us.saturating_mul(1000))),
+            Ended::Untimed => u8::from(attempts.is_some_and(|n| n >= 2)),
+        };
         let never_fired = a.fired == 0;
-        let fires_now = a.count(by_latency.max(by_attempts), hosts);
+        let fires_now = a.count(due, hosts);
         if fires_now || never_fired {
             self.observe(fires_now);
         }
@@ -285,18 +300,18 @@ mod tests {
         armed.fire(20 * MS, &mut hosts);
         armed.fire(21 * MS, &mut hosts);
         assert_eq!(hosts.timeouts_unanswered(1), 1);
-        // a success of host 0 resets its count
-        hosts.succeeded(0);
+        // an answer of host 0 resets its count
+        hosts.answered_upstream(0);
         assert_eq!(hosts.timeouts_unanswered(0), 0);
         // ending counts what fired since the last look: the second's hedge
-        armed.ended(12 * MS, Some(2), Some(25_000), &mut hosts);
+        armed.ended(12 * MS, Some(2), Ended::After(25_000), &mut hosts);
         assert_eq!(hosts.timeouts_unanswered(2), 1);
         assert_eq!(
             hosts.timeouts_unanswered(0),
             0,
             "its primary was counted before"
         );
-        armed.ended(10 * MS, Some(2), None, &mut hosts);
+        armed.ended(10 * MS, Some(2), Ended::Untimed, &mut hosts);
         assert!(armed.is_empty());
     }
 
@@ -305,11 +320,11 @@ mod tests {
         let mut hosts = three_hosts();
         let mut armed = ArmedRequests::default();
         armed.armed(10 * MS, 10 * MS, pick(0, 1));
-        armed.ended(10 * MS, Some(1), Some(4_000), &mut hosts);
+        armed.ended(10 * MS, Some(1), Ended::After(4_000), &mut hosts);
         assert_eq!(hosts.timeouts_unanswered(0), 0);
         // not timed, but a second attempt: the primary's fired
         armed.armed(10 * MS, 10 * MS, pick(0, 1));
-        armed.ended(10 * MS, Some(2), None, &mut hosts);
+        armed.ended(10 * MS, Some(2), Ended::Untimed, &mut hosts);
         assert_eq!(hosts.timeouts_unanswered(0), 1);
         armed.armed(10 * MS, 10 * MS, None);
         armed.forget_stale(10 * MS + FORGET_AFTER_NS);
@@ -335,12 +350,12 @@ mod tests {
         assert!(armed.held_back(1, 0), "hedges pending on host 1");
         assert!(armed.held_back(2, 1), "a timeout standing on host 2");
         // host 0: its primary fired at 10 ms and its hedge will at 20 ms
-        armed.ended(10 * MS, Some(2), Some(12_000), &mut hosts);
+        armed.ended(10 * MS, Some(2), Ended::After(12_000), &mut hosts);
         assert!(!armed.held_back(0, 0));
         // steady again after enough armed requests end in time
         for i in 0..12 {
             armed.armed((100 + i) * MS, 10 * MS, pick(0, 1));
-            armed.ended((100 + i) * MS, Some(1), Some(3_000), &mut hosts);
+            armed.ended((100 + i) * MS, Some(1), Ended::After(3_000), &mut hosts);
         }
         assert!(!armed.stale());
     }
@@ -353,16 +368,34 @@ mod tests {
         for i in 0..400u64 {
             armed.armed(i * MS, MS, pick(0, 1));
             let latency_us = if i % 2 == 0 { 500 } else { 1_500 };
-            armed.ended(i * MS, Some(1 + i % 2), Some(latency_us), &mut hosts);
+            armed.ended(
+                i * MS,
+                Some(1 + i % 2),
+                Ended::After(latency_us),
+                &mut hosts,
+            );
             assert!(!armed.stale(), "stale at {i}");
         }
         // then everything fires
         let mut fires = 0;
         while !armed.stale() {
             armed.armed(1000 * MS, MS, pick(0, 1));
-            armed.ended(1000 * MS, Some(2), Some(5_000), &mut hosts);
+            armed.ended(1000 * MS, Some(2), Ended::After(5_000), &mut hosts);
             fires += 1;
             assert!(fires < 30, "not taken as a brownout");
         }
+    }
+
+    #[test]
+    fn a_retry_after_a_fast_failure_is_no_timeout() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        for i in 0..20 {
+            armed.armed(i * MS + 10 * MS, 10 * MS, pick(0, 1));
+            // a 503, retried at once: two attempts in 2 ms
+            armed.ended(i * MS + 10 * MS, Some(2), Ended::After(2_000), &mut hosts);
+        }
+        assert_eq!(hosts.timeouts_unanswered(0), 0);
+        assert!(!armed.stale());
     }
 }

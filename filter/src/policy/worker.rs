@@ -26,7 +26,7 @@ use super::shared_state::{
     CREATE_ONLY, MAX_CLUSTER_NAME,
 };
 use super::sketch::Sketch;
-use super::timeouts::ArmedRequests;
+use super::timeouts::{ArmedRequests, Ended};
 use super::window::WindowGeometry;
 use crate::route_metadata::overrides_to_json;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
@@ -292,6 +292,9 @@ pub struct HostResponse<'a> {
     pub latency_us: Option<u64>,
     /// A 5xx, or a local reply (reset, connect failure, timeout).
     pub failed: bool,
+    /// The host answered, whatever the status (not a local reply such as
+    /// a timeout or a connect failure).
+    pub from_upstream: bool,
     /// `upstream.request_attempt_count`.
     pub attempts: Option<u64>,
     /// The per-try timeout the request was armed with.
@@ -587,8 +590,12 @@ impl Worker {
         let per_try_us = response
             .per_try_timeout_ms
             .map(|ms| ms.saturating_mul(1000));
-        if !response.failed {
-            state.hosts.succeeded(winner);
+        // Any answer of the host clears the timeouts the filter left
+        // standing there: a success resets outlier detection's count, and a
+        // host answering 5xx is counted (and ejected) for its own errors,
+        // whatever the filter does.
+        if response.from_upstream {
+            state.hosts.answered_upstream(winner);
         }
         if response.failed {
             state.hosts.fail(winner);
@@ -639,14 +646,20 @@ impl Worker {
         settlement: Settlement,
         attempts: Option<u64>,
         latency_us: Option<u64>,
+        ended_ns: Option<u64>,
     ) {
         let Some(state) = self.clusters.get_mut(settlement.cluster) else {
             return;
         };
         if let Some(deadline) = settlement.deadline_ns {
+            let ended = match (ended_ns, latency_us) {
+                (Some(at), _) => Ended::At(at),
+                (None, Some(us)) => Ended::After(us),
+                (None, None) => Ended::Untimed,
+            };
             state
                 .armed
-                .ended(deadline, attempts, latency_us, &mut state.hosts);
+                .ended(deadline, attempts, ended, &mut state.hosts);
         }
         let reserved = settlement.hedges;
         let extra = match attempts {
@@ -1114,7 +1127,7 @@ mod tests {
                 let plan = w.plan(Some(cluster.as_bytes()), None, &GET);
                 w.on_response(plan.cluster.unwrap(), plan.route, us);
                 if let Some(s) = plan.settlement() {
-                    w.settle(s, Some(1), None);
+                    w.settle(s, Some(1), None, None);
                 }
                 plan.decision
             })
@@ -1394,10 +1407,10 @@ mod tests {
         // armed and hedged
         let plan = w.plan(Some(b"c"), None, &GET);
         assert!(matches!(plan.decision, Decision::Arm(_)));
-        w.settle(plan.settlement().unwrap(), Some(2), None);
+        w.settle(plan.settlement().unwrap(), Some(2), None, None);
         // armed, and ended before its hedge
         let plan = w.plan(Some(b"c"), None, &GET);
-        w.settle(plan.settlement().unwrap(), Some(1), None);
+        w.settle(plan.settlement().unwrap(), Some(1), None, None);
         // not idempotent
         assert_eq!(
             decision(&mut w, b"c", b"POST"),
@@ -1597,7 +1610,7 @@ mod tests {
                     1
                 };
                 if let Some(s) = plan.settlement() {
-                    w.settle(s, Some(sent), Some(2500));
+                    w.settle(s, Some(sent), Some(2500), None);
                 }
             }
             now += 200;
@@ -1656,7 +1669,7 @@ mod tests {
                 w.end_pick(id, pick);
             }
             if let Some(s) = plan.settlement() {
-                w.settle(s, Some(1), None);
+                w.settle(s, Some(1), None, None);
             }
         }
         arrivals
@@ -1744,6 +1757,7 @@ mod tests {
                 address: address.as_bytes(),
                 latency_us: Some(latency_us),
                 failed: false,
+                from_upstream: true,
                 attempts: Some(attempts),
                 per_try_timeout_ms,
             },
@@ -1810,6 +1824,7 @@ mod tests {
                 address: b"h1",
                 latency_us: Some(2000),
                 failed: false,
+                from_upstream: true,
                 attempts: Some(1),
                 per_try_timeout_ms: None,
             },
@@ -1846,6 +1861,7 @@ mod tests {
                     address: b"h0",
                     latency_us: Some(2000),
                     failed: false,
+                    from_upstream: true,
                     attempts: Some(2),
                     per_try_timeout_ms: Some(10),
                 },

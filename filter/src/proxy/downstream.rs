@@ -193,7 +193,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // Nothing armed may be left behind, and the tokens go back.
                 self.strip(Strip::ARMING);
                 if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
-                    worker.settle(settlement, Some(1), None);
+                    worker.settle(settlement, Some(1), None, None);
                 }
             }
         }
@@ -235,8 +235,16 @@ impl<H: Host> DownstreamRequest<H> {
         let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
             return;
         };
+        // When an untimed armed request with a second attempt ended: the
+        // second was a hedge only if that is past the deadline (else a
+        // retry after a fast failure). One clock read, on few requests.
+        let ended_ns = (latency_us.is_none()
+            && settlement.deadline_ns.is_some()
+            && attempts.is_some_and(|a| a >= 2))
+        .then(|| self.host.now_ns().ok())
+        .flatten();
         if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.settle(settlement, attempts, latency_us);
+            worker.settle(settlement, attempts, latency_us, ended_ns);
         }
     }
 
@@ -291,7 +299,8 @@ impl<H: Host> DownstreamRequest<H> {
         // read once per response: the sample may have read it already
         let origin =
             origin.unwrap_or_else(|| self.host.property(RESPONSE_CODE_DETAILS).ok().flatten());
-        let failed = origin.as_deref() != Some(VIA_UPSTREAM)
+        let from_upstream = origin.as_deref() == Some(VIA_UPSTREAM);
+        let failed = !from_upstream
             || int_property(&self.host, RESPONSE_CODE).is_some_and(|code| code >= 500);
         worker.on_host_response(
             cluster,
@@ -300,6 +309,7 @@ impl<H: Host> DownstreamRequest<H> {
                 address: &address,
                 latency_us,
                 failed,
+                from_upstream,
                 attempts,
                 per_try_timeout_ms: self.per_try_timeout_ms,
             },

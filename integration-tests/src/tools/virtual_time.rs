@@ -487,6 +487,7 @@ pub fn run(
                                 address: answered.as_bytes(),
                                 latency_us: Some(elapsed),
                                 failed: false,
+                                from_upstream: true,
                                 attempts: Some(attempts),
                                 per_try_timeout_ms,
                             },
@@ -496,7 +497,7 @@ pub fn run(
                         w.end_pick(cluster, pick);
                     }
                     if let Some(settlement) = settlement {
-                        w.settle(settlement, Some(attempts), Some(elapsed));
+                        w.settle(settlement, Some(attempts), Some(elapsed), None);
                     }
                 }
                 if let Load::Closed { .. } = load {
