@@ -382,6 +382,9 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     // count).
     let held_back = |id: usize| {
         chooser.is_some_and(|(view, known)| {
+            if !view.policy.outlier_pacing {
+                return false;
+            }
             let standing = known.timeouts_unanswered(id);
             view.armed.map_or(
                 standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST,
@@ -409,7 +412,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             && match &hosts {
                 Some((pick, _)) => pick.hedge.is_none() || held_back(pick.primary),
                 // no host named: the cluster's armed requests past their delay
-                None => view.past_delay >= MAX_PAST_DELAY,
+                None => view.policy.outlier_pacing && view.past_delay >= MAX_PAST_DELAY,
             };
         if paced {
             decision = Decision::Skip(Skip::Paced);
@@ -820,7 +823,7 @@ mod tests {
     }
 
     fn with_hosts(request: &Request, config: &Config, hosts: &Hosts, random: u64) -> Plan {
-        let policy = ClusterPolicy::default();
+        let policy = (*config.defaults).clone();
         let budget = funded(&policy);
         let view = ClusterView {
             route: None,
@@ -874,6 +877,21 @@ mod tests {
         hosts.answered_upstream(pick.primary);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)));
+    }
+
+    #[test]
+    fn without_outlier_pacing_timeouts_standing_hold_nothing_back() {
+        let mut hosts = three_hosts();
+        let random = u64::MAX / 3;
+        let config = Config::parse(br#"{"outlier_pacing": false}"#).unwrap();
+        let pick = with_hosts(&GET, &config, &hosts, random).hosts.unwrap();
+        for _ in 0..5 {
+            hosts.timed_out(pick.primary);
+            hosts.timed_out(pick.hedge.unwrap());
+        }
+        let p = with_hosts(&GET, &config, &hosts, random);
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert_eq!(p.hosts, Some(pick));
     }
 
     /// Without hosts named, a worker arms only while fewer than two of its
