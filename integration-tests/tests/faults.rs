@@ -217,10 +217,14 @@ fn refused_connections_and_no_healthy_host() {
     let got = statuses(&rt, &client, &with, 30, &[]);
     println!("no healthy host: without {expected:?}, with {got:?}");
     assert_eq!(got, expected);
-    // the cluster's stats are flushed together: once its 30 requests are
-    // counted, the window's gauge is there too
-    with.flushed_filter_stat("requests_total", "backend", 30);
-    assert_eq!(with.filter_stat("window_samples", "backend"), Some(0));
+    // no upstream ever answered: the cluster is not tracked (a name a
+    // client made up would be the same), its requests counted unconfirmed
+    with.wait_for_stats("30 unconfirmed requests", |s| {
+        s.get("wasmcustom.adaptive_hedge.unconfirmed_requests_total")
+            .is_some_and(|n| *n >= 30)
+    });
+    assert_eq!(with.filter_stat("window_samples", "backend"), None);
+    assert_eq!(with.filter_stat("requests_total", "backend"), None);
     with.assert_no_vm_failure();
 }
 
@@ -457,4 +461,69 @@ fn a_vm_fault_under_fail_open_lets_requests_through() {
         !after.contains_key(&200),
         "FAIL_CLOSED fails requests after a fault: {after:?}"
     );
+}
+
+/// A route that takes its cluster from a client header (`cluster_header`):
+/// a client sending made-up names gets Envoy's 503, and Envoy 1.40 gives
+/// the filter no cluster name for them (`no_cluster`): nothing is counted
+/// or tracked. With `max_clusters: 2` both slots stay for the real
+/// clusters, tracked once an upstream answered and armed as usual, one of
+/// them reached through the header too.
+#[test]
+fn made_up_cluster_names_from_a_client_take_no_slot() {
+    let sim = Simulator::start(vec![fast(), fast(), fast(), fast()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(r#"{"min_samples": 20, "debug_header": true, "max_clusters": 2}"#)
+            .edit(
+                "                        - name: default\n",
+                "                        - name: by-header\n                          match: { prefix: \"/pick/\" }\n                          route: { cluster_header: x-cluster }\n                        - name: default\n",
+            ),
+    )
+    .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        for i in 0..60 {
+            let name = format!("made-up-{i}");
+            let r = request(
+                &client,
+                "GET",
+                &envoy.url("/pick/"),
+                &[("x-cluster", name.as_str())],
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 503, "{r:?}");
+            assert_eq!(common::decision(&r), "skipped; reason=no_cluster");
+        }
+        common::warm_up(&client, &envoy, "/", 100, 4).await;
+        common::warm_up(&client, &envoy, "/b/", 100, 4).await;
+        let r = request(
+            &client,
+            "GET",
+            &envoy.url("/pick/"),
+            &[("x-cluster", "backend")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200);
+        assert!(common::decision(&r).starts_with("armed"), "{r:?}");
+    });
+    envoy.flushed_filter_stat("requests_total", "backend-b", 1);
+    let worker_stat = |name: &str| {
+        envoy
+            .stats()
+            .get(&format!("wasmcustom.adaptive_hedge.{name}"))
+            .copied()
+    };
+    assert_eq!(worker_stat("untracked_requests_total"), Some(0));
+    // the real clusters' first requests only, at most one per caller and worker
+    let unconfirmed = worker_stat("unconfirmed_requests_total").unwrap_or(0);
+    assert!((1..=16).contains(&unconfirmed), "{unconfirmed}");
+    assert!(
+        !envoy.log().contains("max_clusters (2) reached"),
+        "{}",
+        envoy.log()
+    );
+    envoy.assert_no_vm_failure();
 }

@@ -243,7 +243,7 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
     assert_eq!(admin, "skipped; reason=disabled");
     assert_eq!(bulk, "skipped; reason=route_metadata");
     let variant = "backend.route.expensive";
-    let requests = envoy.flushed_filter_stat("requests_total", variant, 900);
+    let requests = envoy.flushed_filter_stat("requests_total", variant, 890);
     let get = |metric: &str| envoy.filter_stat(metric, variant).unwrap_or_default();
     let sent = get("hedges_sent_total");
     eprintln!(

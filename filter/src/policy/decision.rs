@@ -76,6 +76,9 @@ pub enum Cluster<'a> {
     None,
     /// Past `max_clusters`: not tracked.
     Untracked,
+    /// No upstream of it has answered this worker yet: a name a client may
+    /// have made up (`cluster_header` routes), so not tracked until one does.
+    Unconfirmed,
     /// The route's `adaptive_hedge` metadata was refused (logged).
     Misconfigured,
     Tracked(ClusterView<'a>),
@@ -161,6 +164,8 @@ pub enum Skip {
     NoCluster,
     /// Past `max_clusters`: the cluster is not tracked.
     Untracked,
+    /// No upstream of the cluster has answered this worker yet.
+    Unconfirmed,
     /// The filter's worker state could not be reached (not configured, or
     /// busy): nothing to decide with.
     NoWorker,
@@ -292,6 +297,7 @@ impl Skip {
         match self {
             Skip::NoCluster => "no_cluster",
             Skip::Untracked => "untracked",
+            Skip::Unconfirmed => "unconfirmed",
             Skip::NoWorker => "no_worker",
             Skip::Disabled => "disabled",
             Skip::Method => "method",
@@ -342,7 +348,7 @@ impl Plan {
 pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let tracked = match cluster {
         Cluster::Tracked(view) => Some(view),
-        Cluster::None | Cluster::Untracked | Cluster::Misconfigured => None,
+        Cluster::None | Cluster::Untracked | Cluster::Unconfirmed | Cluster::Misconfigured => None,
     };
     let id = tracked.map(|view| view.id);
     let route = tracked.and_then(|view| view.route);
@@ -365,6 +371,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let mut decision = match cluster {
         Cluster::None => Decision::Skip(Skip::NoCluster),
         Cluster::Untracked => Decision::Skip(Skip::Untracked),
+        Cluster::Unconfirmed => Decision::Skip(Skip::Unconfirmed),
         Cluster::Misconfigured => Decision::Skip(Skip::RouteMetadata),
         Cluster::Tracked(view) => decide(request, config, &view),
     };
@@ -719,6 +726,7 @@ mod tests {
         for (cluster, reason) in [
             (Cluster::None, Skip::NoCluster),
             (Cluster::Untracked, Skip::Untracked),
+            (Cluster::Unconfirmed, Skip::Unconfirmed),
         ] {
             let p = plan(&hostile, &Config::default(), cluster);
             assert_eq!(p.decision, Decision::Skip(reason));
@@ -822,21 +830,31 @@ mod tests {
         hosts
     }
 
+    /// A tracked cluster's view with a learned delay and a funded budget,
+    /// no hosts, no clock.
+    fn view_of<'a>(policy: &'a ClusterPolicy, budget: &'a LocalBudget) -> ClusterView<'a> {
+        ClusterView {
+            route: None,
+            id: 3,
+            policy,
+            delay: DELAY,
+            budget,
+            sample_turn: true,
+            hosts: None,
+            random: 0,
+            now_ns: None,
+            past_delay: 0,
+            armed: None,
+        }
+    }
+
     fn with_hosts(request: &Request, config: &Config, hosts: &Hosts, random: u64) -> Plan {
         let policy = (*config.defaults).clone();
         let budget = funded(&policy);
         let view = ClusterView {
-            route: None,
-            id: 3,
-            policy: &policy,
-            delay: DELAY,
-            budget: &budget,
-            sample_turn: true,
             hosts: Some(hosts),
             random,
-            now_ns: None,
-            past_delay: 0,
-            armed: None,
+            ..view_of(&policy, &budget)
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -901,17 +919,9 @@ mod tests {
         let policy = ClusterPolicy::default();
         let budget = funded(&policy);
         let view = |past_delay| ClusterView {
-            route: None,
-            id: 3,
-            policy: &policy,
-            delay: DELAY,
-            budget: &budget,
-            sample_turn: true,
-            hosts: None,
-            random: 0,
             now_ns: Some(1_000_000),
             past_delay,
-            armed: None,
+            ..view_of(&policy, &budget)
         };
         let one = plan(&GET, &Config::default(), Cluster::Tracked(view(1)));
         assert!(matches!(one.decision, Decision::Arm(_)));

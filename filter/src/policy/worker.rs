@@ -103,6 +103,9 @@ metric_set! {
     /// Worker-wide: `adaptive_hedge.<metric>`.
     pub enum WorkerMetric {
         UntrackedRequests = ("untracked_requests_total", Counter),
+        /// Requests to a cluster no upstream had answered yet (on this
+        /// worker): not tracked until one does.
+        UnconfirmedRequests = ("unconfirmed_requests_total", Counter),
         SharedStateResets = ("shared_state_resets_total", Counter),
         SyncConflicts = ("sync_conflicts_total", Counter),
         HostErrors = ("host_errors_total", Counter),
@@ -390,6 +393,9 @@ impl Worker {
         route: Option<&[u8]>,
         request: &Request,
     ) -> Plan {
+        if let Some(name) = cluster {
+            self.confirm_cluster(name);
+        }
         self.plan_route(cluster, route, &[], request, None)
     }
 
@@ -409,6 +415,17 @@ impl Worker {
         let Some(name) = cluster.filter(|name| !name.is_empty()) else {
             return decision::plan(request, &self.config, Cluster::None);
         };
+        // A cluster is tracked (memory, a registry slot, a shared value)
+        // only once one of its upstreams answered (`confirm_cluster`): a
+        // name from a client header that no cluster has costs nothing.
+        if !self.index.contains_key(name) {
+            if self.clusters_full() {
+                self.metrics.add(WorkerMetric::UntrackedRequests, 1);
+                return decision::plan(request, &self.config, Cluster::Untracked);
+            }
+            self.metrics.add(WorkerMetric::UnconfirmedRequests, 1);
+            return decision::plan(request, &self.config, Cluster::Unconfirmed);
+        }
         let id = if route_metadata.is_empty() {
             self.lookup_or_insert(name)
         } else {
@@ -447,6 +464,12 @@ impl Worker {
         plan
     }
 
+    /// An upstream of cluster `name` answered a request planned
+    /// `Skip::Unconfirmed`: the cluster exists and is tracked from now on.
+    pub fn confirm_cluster(&mut self, name: &[u8]) {
+        let _ = self.lookup_or_insert(name);
+    }
+
     fn lookup_or_insert(&mut self, name: &[u8]) -> Option<ClusterId> {
         if let Some(&id) = self.index.get(name) {
             return Some(id);
@@ -456,14 +479,16 @@ impl Worker {
         self.insert(text.to_string(), policy)
     }
 
+    fn clusters_full(&self) -> bool {
+        self.clusters.len() >= LOCAL_CLUSTERS_PER_LIMIT * self.config.max_clusters
+    }
+
     fn insert(&mut self, name: String, policy: Arc<ClusterPolicy>) -> Option<ClusterId> {
         // Room for twice the limit: the registry decides which clusters are
         // tracked, and a worker whose first names were refused there (other
         // workers registered theirs first) must still be able to take the
         // clusters that were registered. Memory stays bounded either way.
-        if self.clusters.len() >= LOCAL_CLUSTERS_PER_LIMIT * self.config.max_clusters
-            || name.len() > MAX_CLUSTER_NAME
-        {
+        if self.clusters_full() || name.len() > MAX_CLUSTER_NAME {
             return None;
         }
         let id = self.clusters.len();

@@ -13,7 +13,7 @@ use crate::header_pairs::scan;
 use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{
-    unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Strip,
+    unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Skip, Strip,
 };
 use crate::policy::hosts::HostPick;
 use crate::policy::worker::{HostResponse, Worker};
@@ -67,6 +67,9 @@ pub struct DownstreamRequest<H: Host> {
     /// `mode: shadow`: when the request started (its would-be hedges are
     /// settled by whether it outlived the delay).
     shadow_started_ns: Option<u64>,
+    /// The name of a cluster no upstream has answered yet: confirmed if
+    /// this request's response comes from one.
+    unconfirmed_cluster: Option<Vec<u8>>,
 }
 
 impl<H: Host> DownstreamRequest<H> {
@@ -111,6 +114,7 @@ impl<H: Host> DownstreamRequest<H> {
             sample: None,
             settlement: None,
             shadow_started_ns: None,
+            unconfirmed_cluster: None,
         }
     }
 
@@ -150,6 +154,9 @@ impl<H: Host> DownstreamRequest<H> {
                     request,
                     now,
                 );
+                if plan.decision == Decision::Skip(Skip::Unconfirmed) {
+                    self.unconfirmed_cluster = cluster;
+                }
                 self.carry_out(plan, now, Some(&mut worker));
             }
             Err(_) => self.carry_out(unplanned(request, self.trust_client_headers), None, None),
@@ -359,6 +366,16 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
         let timed = self.sample.is_some();
         let mut origin = None;
+        if let Some(name) = self.unconfirmed_cluster.take() {
+            let host = &self.host;
+            let details =
+                origin.get_or_insert_with(|| host.property(RESPONSE_CODE_DETAILS).ok().flatten());
+            if details.as_deref() == Some(VIA_UPSTREAM) {
+                if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
+                    worker.confirm_cluster(&name);
+                }
+            }
+        }
         let latency_us = if self.signal == LatencySignal::Headers || end_of_stream {
             self.record_sample(&mut origin)
         } else {
@@ -491,6 +508,40 @@ mod tests {
 
     const GET: &[(&str, &str)] = &[(":method", "GET"), (":path", "/")];
 
+    /// A first request to `backend` that an upstream answers: the cluster
+    /// is tracked from the next request on (not timed itself).
+    fn confirm_backend(host: &FakeHost, plugin: &Plugin<FakeHost>) {
+        exchange(host, plugin, GET, 1, 1);
+    }
+
+    /// A cluster name no upstream answers (a client's made-up
+    /// `cluster_header` value) is never tracked: no state, no registry
+    /// slot, no shared value; one that an upstream answers is.
+    #[test]
+    fn a_cluster_is_tracked_only_once_an_upstream_answered() {
+        let (host, mut plugin) = plugin("{}");
+        for i in 0..50 {
+            let name = format!("made-up-{i}");
+            host.request(Some(&name), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            host.set_property(RESPONSE_CODE_DETAILS, b"cluster_not_found");
+            r.on_response_headers(true);
+            r.on_log();
+        }
+        plugin.on_tick();
+        assert_eq!(host.calls_to("get_shared_data"), 0, "nothing registered");
+        assert_eq!(
+            host.stat("adaptive_hedge.unconfirmed_requests_total"),
+            Some(50)
+        );
+        confirm_backend(&host, &plugin);
+        exchange(&host, &plugin, GET, 1, 1);
+        plugin.on_tick();
+        assert!(host.calls_to("get_shared_data") > 0, "registered");
+        assert_eq!(stat(&host, "requests_total"), 1);
+    }
+
     /// A plugin whose `backend` cluster has learned a ~5 ms delay and saved
     /// up budget.
     fn warmed(json: &str) -> (FakeHost, Plugin<FakeHost>) {
@@ -558,7 +609,9 @@ mod tests {
         assert_eq!(stat(&host, "hedges_armed_total"), 3);
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         assert_eq!(stat(&host, "hedges_sent_total"), 2);
-        assert_eq!(stat(&host, "requests_total"), 153);
+        // the warm-up's first request came before any upstream answered:
+        // not the cluster's
+        assert_eq!(stat(&host, "requests_total"), 152);
     }
 
     /// `mode: shadow`: decided, nothing set (no arming header, no host),
@@ -895,6 +948,7 @@ mod tests {
     #[test]
     fn only_upstream_responses_are_latency_samples() {
         let (host, mut plugin) = plugin(r#"{"min_samples": 1}"#);
+        confirm_backend(&host, &plugin);
         for origin in [
             &b"via_upstream"[..],
             b"upstream_reset_before_response_started",
@@ -924,6 +978,7 @@ mod tests {
     #[test]
     fn first_byte_mode_times_the_first_body_chunk_and_marks_armed_requests() {
         let (host, mut plugin) = plugin(r#"{"min_samples": 1, "latency_signal": "first_byte"}"#);
+        confirm_backend(&host, &plugin);
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
         r.on_request_headers();

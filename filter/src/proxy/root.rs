@@ -208,6 +208,9 @@ mod tests {
             panic!("wrong role")
         };
         r.on_request_headers();
+        // an upstream answered: the cluster is tracked, registered on the tick
+        host.set_property(b"response\0code_details", b"via_upstream");
+        r.on_response_headers(true);
         plugin.on_tick();
         assert!(host.logged("get_shared_data(registry) failed"));
         assert_eq!(host.stat("adaptive_hedge.host_errors_total"), Some(1));

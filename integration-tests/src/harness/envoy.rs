@@ -448,6 +448,23 @@ impl Envoy {
     /// flushes its stats on its tick (every `sync_interval`), and a loaded
     /// machine can delay a tick well past any fixed sleep. Panics with the
     /// filter's stats after 10 s.
+    /// The requests the filter has seen for `cluster`, once at least
+    /// `at_least`: its `requests_total` and the worker-wide
+    /// `unconfirmed_requests_total` (each worker's first requests to a
+    /// cluster, before an upstream of it answered, are not the cluster's).
+    /// For a test with one cluster.
+    pub fn requests_seen(&self, cluster: &str, at_least: i64) -> i64 {
+        let name = filter_stat_name("requests_total", cluster);
+        let unconfirmed = "wasmcustom.adaptive_hedge.unconfirmed_requests_total";
+        let seen = |s: &HashMap<String, i64>| {
+            s.get(&name).copied().unwrap_or(0) + s.get(unconfirmed).copied().unwrap_or(0)
+        };
+        let stats = self.wait_for_stats(&format!("{name} + unconfirmed >= {at_least}"), |s| {
+            seen(s) >= at_least
+        });
+        seen(&stats)
+    }
+
     pub fn flushed_filter_stat(&self, metric: &str, cluster: &str, at_least: i64) -> i64 {
         let name = filter_stat_name(metric, cluster);
         let stats = self.wait_for_stats(&format!("{name} >= {at_least}"), |s| {

@@ -278,6 +278,10 @@ pub fn run(
         .iter()
         .flat_map(|c| [Worker::new(c.clone()), Worker::new(c.clone())])
         .collect();
+    // the cluster exists: its upstreams answer from the first request
+    for w in workers.iter_mut() {
+        w.confirm_cluster(b"backend");
+    }
     // time-based scenarios change at fractions of the run: for a run counted
     // in requests, its expected length (closed loop: ~5.6 ms per request per
     // caller, the reference workload's mean with stragglers)
