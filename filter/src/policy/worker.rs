@@ -418,16 +418,16 @@ impl Worker {
         // A cluster is tracked (memory, a registry slot, a shared value)
         // only once one of its upstreams answered (`confirm_cluster`): a
         // name from a client header that no cluster has costs nothing.
-        if !self.index.contains_key(name) {
+        let Some(&cluster_id) = self.index.get(name) else {
             if self.clusters_full() {
                 self.metrics.add(WorkerMetric::UntrackedRequests, 1);
                 return decision::plan(request, &self.config, Cluster::Untracked);
             }
             self.metrics.add(WorkerMetric::UnconfirmedRequests, 1);
             return decision::plan(request, &self.config, Cluster::Unconfirmed);
-        }
+        };
         let id = if route_metadata.is_empty() {
-            self.lookup_or_insert(name)
+            Some(cluster_id)
         } else {
             match self.variant(name, route.unwrap_or_default(), route_metadata) {
                 VariantLookup::Cluster(id) => Some(id),
