@@ -509,14 +509,16 @@ impl Hosts {
         on_probation
     }
 
-    /// The primary's host and the hedge's, or `None` to leave the request
-    /// to the cluster's balancer. `random`: a fresh random number per
-    /// request (the worker's generator; this stays pure).
+    /// `choose_avoiding` with no host avoided.
+    #[cfg(test)]
     pub fn choose(&self, choices: usize, random: u64, want_hedge: bool) -> Option<HostPick> {
         self.choose_avoiding(choices, random, want_hedge, |_| false)
     }
 
-    /// `choose` for an armed request (`want_hedge`) among the hosts that
+    /// The primary's host and the hedge's, or `None` to leave the request
+    /// to the cluster's balancer. `random`: a fresh random number per
+    /// request (the worker's generator; this stays pure). For an armed
+    /// request (`want_hedge`), both are drawn among the hosts that
     /// `avoid` does not name (hosts whose per-try timeouts could add up in
     /// outlier detection; see `timeouts`). With no such host the primary is
     /// drawn among all and no hedge host is named: the caller does not arm.
