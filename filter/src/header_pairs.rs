@@ -1,6 +1,7 @@
 //! Reads the request headers from one `proxy_get_header_map_pairs` answer.
 //!
-//! Why one call: the filter needs `:method`, `upgrade`, and whether the
+//! Why one call: the filter needs `:method`, `upgrade`, whether it is a
+//! gRPC call (`content-type`, and then `:path`), and whether the
 //! client sent any router control header, the first-byte marker or the
 //! host header. Asking
 //! for each by name costs a host round trip per name (eight on a request
@@ -26,6 +27,10 @@ pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
     pairs::for_each(buf, |name, value| {
         if name == b":method" {
             found.method = value;
+        } else if name == b":path" {
+            found.path = value;
+        } else if name == b"content-type" {
+            found.grpc = is_grpc(value);
         } else if name == b"upgrade" {
             found.upgrade = true;
         } else if name == FIRST_BYTE_MARKER.as_bytes() {
@@ -39,11 +44,44 @@ pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
     Some(found)
 }
 
+/// `application/grpc`, or `application/grpc+proto` and the like; not
+/// gRPC-Web (`application/grpc-web`), which Envoy's grpc_web filter turns
+/// into gRPC before the router if the chain has it.
+fn is_grpc(content_type: &[u8]) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    content_type.len() >= GRPC.len()
+        && content_type
+            .get(..GRPC.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(GRPC))
+        && matches!(content_type.get(GRPC.len()), None | Some(b'+' | b';'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const E: &[u8] = ENDPOINT_HEADER.as_bytes();
+
+    #[test]
+    fn finds_grpc_calls_and_their_path() {
+        let call = |content_type: &str| {
+            let buf = serialise(&[
+                (":method", "POST"),
+                (":path", "/demo.Echo/Get"),
+                ("content-type", content_type),
+            ]);
+            let h = scan(&buf, E).unwrap();
+            assert_eq!(h.path, b"/demo.Echo/Get");
+            h.grpc
+        };
+        assert!(call("application/grpc"));
+        assert!(call("application/grpc+proto"));
+        assert!(call("Application/GRPC"));
+        assert!(!call("application/grpc-web"));
+        assert!(!call("application/grpc-web+proto"));
+        assert!(!call("application/json"));
+        assert!(!call("application/grp"));
+    }
 
     #[test]
     fn finds_the_method_and_control_headers() {

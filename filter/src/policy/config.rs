@@ -199,6 +199,44 @@ fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
     Ok(values.join(",").into())
 }
 
+/// The gRPC statuses Envoy can retry on (`x-envoy-retry-grpc-on`).
+const GRPC_RETRY_ON_VALUES: &[&str] = &[
+    "cancelled",
+    "deadline-exceeded",
+    "internal",
+    "resource-exhausted",
+    "unavailable",
+];
+
+fn grpc_retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
+    let values: Vec<&str> = retry_on.split(',').map(str::trim).collect();
+    if values.iter().any(|v| !GRPC_RETRY_ON_VALUES.contains(v)) {
+        return Err(format!(
+            "must be a comma-separated list of Envoy gRPC retry-on values ({})",
+            GRPC_RETRY_ON_VALUES.join(", ")
+        ));
+    }
+    Ok(values.join(",").into())
+}
+
+/// `/package.Service/Method` or `/package.Service/`: the `:path` of a gRPC
+/// call, or the prefix of a whole service's.
+fn grpc_methods_rule(methods: Vec<String>) -> Result<Vec<String>, String> {
+    let part = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+    for m in &methods {
+        let ok = m
+            .strip_prefix('/')
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(service, method)| part(service) && (method.is_empty() || part(method)));
+        if !ok {
+            return Err(format!(
+                "\"{m}\": gRPC methods are written \"/package.Service/Method\", or \"/package.Service/\" for all of a service's"
+            ));
+        }
+    }
+    Ok(methods)
+}
+
 fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     let token = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_';
     if name.is_empty() || !name.bytes().all(token) {
@@ -386,8 +424,12 @@ settings! {
         min_samples: u64 = 100, |n| within(n, 1, 1_000_000, "");
         idempotent_methods: Vec<String> =
             vec!["GET".into(), "HEAD".into(), "OPTIONS".into()], methods_rule;
+        /// gRPC methods that may be hedged: `/package.Service/Method`, or `/package.Service/` for all of a service's; unary methods only (the filter cannot tell a streaming one from its headers).
+        idempotent_grpc_methods: Vec<String> = Vec::new(), grpc_methods_rule;
         /// `x-envoy-retry-on` of armed requests.
         retry_on: Arc<str> = "5xx".into(), retry_on_rule;
+        /// `x-envoy-retry-grpc-on` of armed gRPC requests: the statuses (in a trailers-only answer) after which the race goes on.
+        grpc_retry_on: Arc<str> = "cancelled,unavailable".into(), grpc_retry_on_rule;
         /// The routes' own `num_retries` (Istio's default: 2): `x-envoy-max-retries` replaces it, so armed requests get at least this many.
         route_retries: u32 = 0, |n| within(n, 0, 10, " retries (the routes' num_retries)");
         /// Named routes of the cluster that learn a delay of their own (0: one delay for the whole cluster).
@@ -438,6 +480,19 @@ impl ClusterPolicy {
         self.idempotent_methods
             .iter()
             .any(|m| m.as_bytes() == method)
+    }
+
+    /// Whether a gRPC call to `path` may be hedged: its method is listed,
+    /// or its service is (a prefix ending in `/`).
+    pub fn allows_grpc_method(&self, path: &[u8]) -> bool {
+        self.idempotent_grpc_methods.iter().any(|m| {
+            let m = m.as_bytes();
+            if m.ends_with(b"/") {
+                path.len() > m.len() && path.starts_with(m)
+            } else {
+                path == m
+            }
+        })
     }
 
     /// `budget_percent` as a fraction (0.10 for 10%).
@@ -782,6 +837,23 @@ mod tests {
                 "sync_interval",
             ),
             (r#"{"idempotent_methods": []}"#, "idempotent_methods"),
+            (
+                r#"{"idempotent_grpc_methods": ["demo.Echo/Get"]}"#,
+                "idempotent_grpc_methods",
+            ),
+            (
+                r#"{"idempotent_grpc_methods": ["/demo.Echo"]}"#,
+                "idempotent_grpc_methods",
+            ),
+            (
+                r#"{"idempotent_grpc_methods": ["/demo.Echo/Get/x"]}"#,
+                "idempotent_grpc_methods",
+            ),
+            (
+                r#"{"idempotent_grpc_methods": ["//Get"]}"#,
+                "idempotent_grpc_methods",
+            ),
+            (r#"{"grpc_retry_on": "unavailable, 5xx"}"#, "grpc_retry_on"),
             (r#"{"idempotent_methods": ["get"]}"#, "idempotent_methods"),
             (
                 r#"{"idempotent_methods": ["CONNECT"]}"#,

@@ -30,7 +30,8 @@ use super::hedge_delay::HedgeDelay;
 use super::hosts::{HostPick, Hosts};
 use super::timeouts::{ArmedRequests, MAX_PAST_DELAY};
 use crate::headers::{
-    FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_ON,
+    FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON,
+    RETRY_ON,
 };
 
 /// What the filter reads from a request's headers (one host call; see
@@ -38,6 +39,10 @@ use crate::headers::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request<'a> {
     pub method: &'a [u8],
+    /// `:path`, read for gRPC calls only (their method's name).
+    pub path: &'a [u8],
+    /// A gRPC call: `content-type: application/grpc` (or `+proto` etc.).
+    pub grpc: bool,
     /// An `upgrade` header (WebSocket, h2c): the request opens a connection.
     pub upgrade: bool,
     /// The client sent at least one router control header.
@@ -55,6 +60,8 @@ impl Request<'_> {
     /// of both.
     pub const UNREADABLE: Request<'static> = Request {
         method: b"",
+        path: b"",
+        grpc: false,
         upgrade: false,
         client_controls: true,
         client_marker: true,
@@ -150,6 +157,10 @@ pub struct Arming {
     /// retries share the count).
     pub max_retries: u32,
     pub retry_on: Arc<str>,
+    /// `x-envoy-retry-grpc-on`, for gRPC calls: a fast UNAVAILABLE from
+    /// one attempt must not end the race (Envoy reads the status of a
+    /// trailers-only answer).
+    pub retry_grpc_on: Option<Arc<str>>,
     /// Mark the request for the upstream role's first-byte hold.
     pub first_byte_marker: bool,
     /// `mode: shadow`: decided, not armed; settled as if it had been, from
@@ -172,6 +183,8 @@ pub enum Skip {
     Disabled,
     /// The method is not in `idempotent_methods`.
     Method,
+    /// A gRPC call to a method not in `idempotent_grpc_methods`.
+    GrpcMethod,
     /// The request asks to switch protocols (WebSocket).
     Upgrade,
     /// Fewer than `min_samples` in the window.
@@ -269,14 +282,19 @@ impl Arming {
     /// The request headers that arm Envoy's hedging, in the order to set
     /// them: the per-try timeout (the trigger) last, so that if a write
     /// fails, no header is left that could turn the timeout into a plain
-    /// retry that cancels the first attempt. `x-envoy-retry-grpc-on` is left
-    /// alone: whatever a client adds to it, Envoy makes at most the
-    /// `max-retries` attempts set here, which the budget has paid for.
+    /// retry that cancels the first attempt. `x-envoy-retry-grpc-on` only
+    /// for gRPC calls (a client's was removed, unless clients are trusted:
+    /// then Envoy still makes at most the `max-retries` attempts set here,
+    /// which the budget has paid for).
     pub fn headers(&self) -> impl Iterator<Item = (&'static str, HeaderValue<'_>)> {
         let marker = self
             .first_byte_marker
             .then_some((FIRST_BYTE_MARKER, HeaderValue::Text("1")));
-        marker.into_iter().chain([
+        let grpc = self
+            .retry_grpc_on
+            .as_deref()
+            .map(|on| (RETRY_GRPC_ON, HeaderValue::Text(on)));
+        marker.into_iter().chain(grpc).chain([
             // exactly "true": other spellings silently mean a plain retry
             (HEDGE_ON_PER_TRY_TIMEOUT, HeaderValue::Text("true")),
             (
@@ -301,6 +319,7 @@ impl Skip {
             Skip::NoWorker => "no_worker",
             Skip::Disabled => "disabled",
             Skip::Method => "method",
+            Skip::GrpcMethod => "grpc_method",
             Skip::Upgrade => "upgrade",
             Skip::WarmingUp => "warming_up",
             Skip::ClientControlled => "client_controlled",
@@ -469,7 +488,19 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
 /// upgrade). A WebSocket's lifetime, or a slow POST, is not a sample of the
 /// latency a GET should be hedged at.
 pub fn in_sample_population(request: &Request, policy: &ClusterPolicy) -> bool {
-    policy.allows_method(request.method) && !request.upgrade
+    may_repeat(request, policy) && !request.upgrade
+}
+
+/// Whether the request is of a kind the policy lets be sent twice: an
+/// idempotent HTTP method, or a listed gRPC method (a gRPC call is a POST
+/// whatever it does: its method's name says whether it may be repeated,
+/// and only the operator can say that).
+fn may_repeat(request: &Request, policy: &ClusterPolicy) -> bool {
+    if request.grpc {
+        request.method == b"POST" && policy.allows_grpc_method(request.path)
+    } else {
+        policy.allows_method(request.method)
+    }
 }
 
 /// The plan for a request no worker can plan (the filter has no worker, or
@@ -503,8 +534,12 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
     if policy.disabled {
         return Decision::Skip(Skip::Disabled);
     }
-    if !policy.allows_method(request.method) {
-        return Decision::Skip(Skip::Method);
+    if !may_repeat(request, policy) {
+        return Decision::Skip(if request.grpc {
+            Skip::GrpcMethod
+        } else {
+            Skip::Method
+        });
     }
     // A GET that becomes a WebSocket is a connection, not a request: a
     // second attempt would open a second session with its own state.
@@ -521,6 +556,7 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
             hedges,
             max_retries: hedges.max(policy.route_retries),
             retry_on: Arc::clone(&policy.retry_on),
+            retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
             shadow: policy.mode == Mode::Shadow,
         }),
@@ -547,6 +583,8 @@ mod tests {
 
     const GET: Request = Request {
         method: b"GET",
+        path: b"/",
+        grpc: false,
         upgrade: false,
         client_controls: false,
         client_marker: false,
@@ -650,6 +688,72 @@ mod tests {
         let p = with_defaults(&marked_by_client);
         assert!(set(&p).iter().all(|(n, _)| n != FIRST_BYTE_MARKER));
         assert!(p.strip.marker);
+    }
+
+    #[test]
+    fn grpc_calls_are_armed_only_for_listed_methods() {
+        let call = |path| Request {
+            method: b"POST",
+            path,
+            grpc: true,
+            ..GET
+        };
+        let policy = ClusterPolicy {
+            idempotent_grpc_methods: vec!["/demo.Echo/Get".into(), "/demo.Catalog/".into()],
+            ..Default::default()
+        };
+        let plan = |request: &Request| {
+            plan_for(
+                request,
+                &Config::default(),
+                &policy,
+                DELAY,
+                &funded(&policy),
+            )
+        };
+        for listed in [&b"/demo.Echo/Get"[..], b"/demo.Catalog/List"] {
+            let p = plan(&call(listed));
+            assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+            assert!(p.sample);
+            let headers = set(&p);
+            assert_eq!(
+                headers.first(),
+                Some(&(
+                    RETRY_GRPC_ON.to_string(),
+                    "cancelled,unavailable".to_string()
+                ))
+            );
+            assert_eq!(headers.last().map(|h| h.0.as_str()), Some(PER_TRY_TIMEOUT));
+        }
+        for unlisted in [
+            &b"/demo.Echo/Put"[..],
+            b"/demo.Echo/GetMore",
+            b"/demo.Catalog/",
+            b"",
+        ] {
+            let p = plan(&call(unlisted));
+            assert_eq!(p.decision, Decision::Skip(Skip::GrpcMethod));
+            assert!(!p.sample, "a call that is never hedged is no sample");
+        }
+        // a listed method's name on a GET that says it is gRPC: not a call
+        let get = Request {
+            method: b"GET",
+            ..call(b"/demo.Echo/Get")
+        };
+        assert_eq!(plan(&get).decision, Decision::Skip(Skip::GrpcMethod));
+        // with nothing listed (the default) no gRPC call is hedged, and a
+        // POST that is not gRPC is still a POST
+        let p = with_defaults(&call(b"/demo.Echo/Get"));
+        assert_eq!(p.decision, Decision::Skip(Skip::GrpcMethod));
+        let post = Request {
+            grpc: false,
+            ..call(b"/demo.Echo/Get")
+        };
+        assert_eq!(plan(&post).decision, Decision::Skip(Skip::Method));
+        // a plain GET carries no gRPC retry-on
+        assert!(set(&with_defaults(&GET))
+            .iter()
+            .all(|(n, _)| n != RETRY_GRPC_ON));
     }
 
     #[test]

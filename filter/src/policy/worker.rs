@@ -1138,6 +1138,8 @@ mod tests {
 
     const GET: Request = Request {
         method: b"GET",
+        path: b"/",
+        grpc: false,
         upgrade: false,
         client_controls: false,
         client_marker: false,

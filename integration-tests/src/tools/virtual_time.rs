@@ -184,6 +184,8 @@ impl Logger for Quiet {
 /// Every simulated request: a plain GET from a client that sets no control header.
 const GET: Request = Request {
     method: b"GET",
+    path: b"/",
+    grpc: false,
     upgrade: false,
     client_controls: false,
     client_marker: false,
