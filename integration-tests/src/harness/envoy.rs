@@ -444,10 +444,6 @@ impl Envoy {
         self.stat(&filter_stat_name(metric, cluster))
     }
 
-    /// A filter stat once it is defined and reaches `at_least`. The filter
-    /// flushes its stats on its tick (every `sync_interval`), and a loaded
-    /// machine can delay a tick well past any fixed sleep. Panics with the
-    /// filter's stats after 10 s.
     /// The requests the filter has seen for `cluster`, once at least
     /// `at_least`: its `requests_total` and the worker-wide
     /// `unconfirmed_requests_total` (each worker's first requests to a
@@ -465,6 +461,10 @@ impl Envoy {
         seen(&stats)
     }
 
+    /// A filter stat once it is defined and reaches `at_least`. The filter
+    /// flushes its stats on its tick (every `sync_interval`), and a loaded
+    /// machine can delay a tick well past any fixed sleep. Panics with the
+    /// filter's stats after 10 s.
     pub fn flushed_filter_stat(&self, metric: &str, cluster: &str, at_least: i64) -> i64 {
         let name = filter_stat_name(metric, cluster);
         let stats = self.wait_for_stats(&format!("{name} >= {at_least}"), |s| {
