@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::{format_duration, parse_duration};
-use super::shared_state::MAX_ROUTES;
+use super::shared_state::{MAX_ROUTES, MAX_TRACKED_CLUSTERS};
 use super::window::SLICES;
 use crate::headers::{DEBUG_HEADER, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
 use crate::route_metadata::Kind;
@@ -453,7 +453,7 @@ settings! {
         /// Keep client-sent `x-envoy-*` retry/hedge headers instead of removing them.
         trust_client_headers: bool = false, Ok;
         /// Clusters tracked at most; past it new clusters pass through unhedged.
-        max_clusters: usize = 1000, |n| within(n, 1, 100_000, "");
+        max_clusters: usize = 1000, |n| within(n, 1, MAX_TRACKED_CLUSTERS, " (each takes up to 64 KiB of shared memory, 64 MiB in all)");
         /// Add `x-adaptive-hedge` to responses (the decision, for debugging).
         debug_header: bool = false, Ok;
         /// Write the decision and hosts to filter state `wasm.adaptive_hedge`, for access logs.
@@ -828,6 +828,7 @@ mod tests {
             (r#"{"min_delay": "50ms", "max_delay": "10ms"}"#, "max_delay"),
             (r#"{"min_delay": "20s"}"#, "min_delay"),
             (r#"{"max_hedges": 0}"#, "max_hedges"),
+            (r#"{"max_clusters": 1023}"#, "max_clusters"),
             (r#"{"max_hedges": -1}"#, "max_hedges"),
             (r#"{"min_samples": 0}"#, "min_samples"),
             (r#"{"window": "10ms"}"#, "window"),

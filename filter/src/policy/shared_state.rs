@@ -21,6 +21,9 @@ use super::window::{ClusterWindow, LongHorizon, Slice, WindowGeometry, SLICES};
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
 const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
+/// What an evicted cluster's key holds (Envoy's shared data cannot delete
+/// a key): the magic and the version.
+const EVICTED_MAGIC: &[u8; 3] = b"AHE";
 /// 2: the long horizon; 3: the routes; 4: the hosts. A value of an older
 /// version (an older filter) is reset once, like any value that does not
 /// decode.
@@ -37,6 +40,19 @@ pub const MAX_ROUTES: usize = 64;
 pub const MAX_HOSTS: usize = 64;
 /// Longer `upstream.address` values are not tracked.
 pub const MAX_HOST_ADDRESS: usize = 255;
+/// A cluster's value is at most this long (`SharedCluster::encode`).
+pub const MAX_CLUSTER_VALUE_BYTES: usize = 62 * 1024;
+/// What the filter keeps in shared memory at most, keys included.
+pub const SHARED_MEMORY_CAP_BYTES: usize = 64 << 20;
+/// Clusters tracked at most (`max_clusters`): each takes its value, its
+/// key and its registry entry, and all of them fit in
+/// `SHARED_MEMORY_CAP_BYTES` with the registry's header to spare.
+pub const MAX_TRACKED_CLUSTERS: usize = SHARED_MEMORY_CAP_BYTES
+    / (MAX_CLUSTER_VALUE_BYTES + KEY_PREFIX_BYTES + 8 + MAX_CLUSTER_NAME + 2 + MAX_CLUSTER_NAME)
+    - 1;
+/// `adaptive_hedge/v<version>/slice_<ms>ms/` at its longest (a 10-minute
+/// window's 100000 ms slice).
+const KEY_PREFIX_BYTES: usize = 40;
 
 /// The shared keys carry the encoding version and the window's slice
 /// length: plugins of one VM id configured with different windows, or two
@@ -68,6 +84,9 @@ pub enum DecodeError {
     /// The window length changed (a new config); the old samples do not fit.
     GeometryChanged,
     Corrupt(&'static str),
+    /// The cluster was idle and gave its registry slot up (`evicted`):
+    /// not to be written again until it is registered again.
+    Evicted,
 }
 
 impl fmt::Display for DecodeError {
@@ -83,6 +102,7 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::GeometryChanged => write!(f, "window length changed"),
             DecodeError::Corrupt(what) => write!(f, "corrupt value: {what}"),
+            DecodeError::Evicted => write!(f, "evicted while idle"),
         }
     }
 }
@@ -158,28 +178,12 @@ impl SharedCluster {
         }
     }
 
+    /// The value's bytes, at most `MAX_CLUSTER_VALUE_BYTES`: the cluster's
+    /// own latencies and hosts always fit (58 KiB at worst); named routes
+    /// are kept in the order they were registered while they fit, and a
+    /// route left out uses the cluster's delay.
     pub fn encode(&self) -> Vec<u8> {
-        let buckets = |window: &ClusterWindow, long: &LongHorizon| {
-            window
-                .slices
-                .iter()
-                .map(|s| s.sketch.counts().len())
-                .sum::<usize>()
-                + long.sketch.counts().len()
-        };
-        let size = buckets(&self.window, &self.long) * 4
-            + SLICES * 12
-            + self
-                .routes
-                .iter()
-                .map(|r| 2 + r.name.len() + SLICES * 12 + buckets(&r.window, &r.long) * 4)
-                .sum::<usize>()
-            + self
-                .hosts
-                .iter()
-                .map(|h| 41 + h.address.len())
-                .sum::<usize>();
-        let mut out = Vec::with_capacity(4 + 8 * 4 + 2 + size);
+        let mut out = Vec::with_capacity(4096);
         out.extend_from_slice(CLUSTER_MAGIC);
         out.push(ENCODING_VERSION);
         out.extend_from_slice(&self.window.geometry.slice_ms.to_le_bytes());
@@ -188,40 +192,73 @@ impl SharedCluster {
         out.extend_from_slice(&self.hedges_sent_total.to_le_bytes());
         out.push(SLICES as u8);
         encode_latencies(&self.window, &self.long, &mut out);
-        // routes beyond MAX_ROUTES or with longer names are never added
-        let routes: Vec<&SharedRoute> = self
-            .routes
-            .iter()
-            .filter(|r| r.name.len() <= MAX_ROUTE_NAME)
-            .take(MAX_ROUTES)
-            .collect();
-        out.push(routes.len() as u8);
-        for route in routes {
-            out.push(route.name.len() as u8);
-            out.extend_from_slice(route.name.as_bytes());
-            encode_latencies(&route.window, &route.long, &mut out);
-        }
+        let mut hosts_out = Vec::new();
         let hosts: Vec<&SharedHost> = self
             .hosts
             .iter()
             .filter(|h| h.address.len() <= MAX_HOST_ADDRESS)
             .take(MAX_HOSTS)
             .collect();
-        out.push(hosts.len() as u8);
+        hosts_out.push(hosts.len() as u8);
         for host in hosts {
-            out.push(host.address.len() as u8);
-            out.extend_from_slice(host.address.as_bytes());
-            out.extend_from_slice(&host.cost_log.to_le_bytes());
-            out.extend_from_slice(&host.failures.to_le_bytes());
-            out.extend_from_slice(&host.samples.to_le_bytes());
-            out.extend_from_slice(&host.stamp_ms.to_le_bytes());
-            out.extend_from_slice(&host.seen_ms.to_le_bytes());
+            hosts_out.push(host.address.len() as u8);
+            hosts_out.extend_from_slice(host.address.as_bytes());
+            hosts_out.extend_from_slice(&host.cost_log.to_le_bytes());
+            hosts_out.extend_from_slice(&host.failures.to_le_bytes());
+            hosts_out.extend_from_slice(&host.samples.to_le_bytes());
+            hosts_out.extend_from_slice(&host.stamp_ms.to_le_bytes());
+            hosts_out.extend_from_slice(&host.seen_ms.to_le_bytes());
         }
+        // routes beyond MAX_ROUTES or with longer names are never added;
+        // the count byte comes first
+        let room = MAX_CLUSTER_VALUE_BYTES.saturating_sub(out.len() + 1 + hosts_out.len());
+        let mut routes_out = Vec::new();
+        let mut routes = 0u8;
+        let mut route_out = Vec::new();
+        for route in self
+            .routes
+            .iter()
+            .filter(|r| r.name.len() <= MAX_ROUTE_NAME)
+            .take(MAX_ROUTES)
+        {
+            route_out.clear();
+            route_out.push(route.name.len() as u8);
+            route_out.extend_from_slice(route.name.as_bytes());
+            encode_latencies(&route.window, &route.long, &mut route_out);
+            if routes_out.len() + route_out.len() > room {
+                break;
+            }
+            routes_out.extend_from_slice(&route_out);
+            routes += 1;
+        }
+        out.push(routes);
+        out.extend_from_slice(&routes_out);
+        out.extend_from_slice(&hosts_out);
         out
+    }
+
+    /// The value an idle cluster's key is left with when its registry slot
+    /// goes to another cluster.
+    pub fn evicted() -> Vec<u8> {
+        let mut out = EVICTED_MAGIC.to_vec();
+        out.push(ENCODING_VERSION);
+        out
+    }
+
+    /// Whether nothing was heard from the cluster for a whole window: its
+    /// registry slot may go to another cluster.
+    pub fn idle(&self, now_ms: u64) -> bool {
+        self.window.snapshot(now_ms).is_empty()
     }
 
     /// Decodes a value written by [`SharedCluster::encode`] for the same geometry.
     pub fn decode(bytes: &[u8], geometry: WindowGeometry) -> Result<Self, DecodeError> {
+        if bytes.len() == 4
+            && bytes.starts_with(EVICTED_MAGIC)
+            && bytes.ends_with(&[ENCODING_VERSION])
+        {
+            return Err(DecodeError::Evicted);
+        }
         let mut r = Reader { bytes };
         r.header(CLUSTER_MAGIC)?;
         if r.u64()? != geometry.slice_ms {
@@ -546,6 +583,82 @@ mod tests {
             seen_ms: 1_006_000,
         });
         c
+    }
+
+    /// A sketch with every bucket in use: the widest a sketch can be.
+    fn widest_sketch() -> Sketch {
+        let mut s = Sketch::new();
+        for key in 0..=MAX_KEY {
+            s.add(super::super::sketch::value_for(key));
+        }
+        assert_eq!(s.counts().len(), MAX_KEY as usize + 1);
+        s
+    }
+
+    #[test]
+    fn a_cluster_value_never_passes_its_cap_and_keeps_its_own_state_whole() {
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        let wide = widest_sketch();
+        let now = 10_000_000;
+        let fill = |window: &mut ClusterWindow, long: &mut LongHorizon| {
+            for i in 0..SLICES as u64 {
+                window.merge(now - i * g.slice_ms, &wide);
+            }
+            long.merge(now, &wide);
+        };
+        let mut c = SharedCluster::new(g);
+        fill(&mut c.window, &mut c.long);
+        for i in 0..MAX_HOSTS {
+            c.hosts.push(SharedHost {
+                address: format!("{i:0>255}"),
+                cost_log: 8.0,
+                failures: 0.0,
+                samples: 1,
+                stamp_ms: now,
+                seen_ms: now,
+            });
+        }
+        let alone = c.encode();
+        assert!(alone.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", alone.len());
+        for i in 0..MAX_ROUTES {
+            let mut route = SharedRoute::new(format!("{i:0>255}"), g);
+            fill(&mut route.window, &mut route.long);
+            c.routes.push(route);
+        }
+        let capped = c.encode();
+        assert!(capped.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", capped.len());
+        let back = SharedCluster::decode(&capped, g).unwrap();
+        assert_eq!(
+            (back.window.clone(), back.long.clone()),
+            (c.window.clone(), c.long.clone())
+        );
+        assert_eq!(back.hosts, c.hosts);
+        // the routes that fit, first registered first
+        assert!(back.routes.len() < MAX_ROUTES);
+        assert_eq!(back.routes[..], c.routes[..back.routes.len()]);
+        // and a small cluster keeps all its routes
+        let mut small = sample_cluster();
+        for i in 0..MAX_ROUTES - 2 {
+            small.routes.push(SharedRoute::new(format!("r{i}"), g));
+        }
+        let back = SharedCluster::decode(&small.encode(), g).unwrap();
+        assert_eq!(back.routes.len(), MAX_ROUTES);
+    }
+
+    #[test]
+    fn the_tracked_clusters_fit_the_shared_memory_cap() {
+        use crate::policy::config::Config;
+        let key = cluster_key(
+            WindowGeometry::new(Duration::from_secs(600)),
+            &"c".repeat(MAX_CLUSTER_NAME),
+        );
+        let per_cluster = MAX_CLUSTER_VALUE_BYTES + key.len() + 2 + MAX_CLUSTER_NAME;
+        let registry_key_and_header = 64 + 8;
+        assert!(
+            MAX_TRACKED_CLUSTERS * per_cluster + registry_key_and_header <= SHARED_MEMORY_CAP_BYTES
+        );
+        let default_fits = Config::default().max_clusters <= MAX_TRACKED_CLUSTERS;
+        assert!(default_fits, "the default max_clusters fits");
     }
 
     /// The fuzzer's seeds (`fuzz/seeds/shared_state`) are current encodings:

@@ -54,6 +54,10 @@ const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
 /// (a burst at the start of a tick, as after a stall, is not the tick).
 pub const SAMPLES_PER_TICK: u32 = 256;
 
+/// Idle clusters a worker evicts per tick at most (it reads a value for
+/// each one it checks, up to four times as many).
+const EVICTIONS_PER_TICK: usize = 4;
+
 /// Routes with overrides in their metadata a worker knows at most (each is
 /// hedged as a cluster of its own; past this their requests are not armed).
 const MAX_ROUTE_VARIANTS: usize = 64;
@@ -106,6 +110,7 @@ metric_set! {
         /// Requests to a cluster no upstream had answered yet (on this
         /// worker): not tracked until one does.
         UnconfirmedRequests = ("unconfirmed_requests_total", Counter),
+        ClustersEvicted = ("clusters_evicted_total", Counter),
         SharedStateResets = ("shared_state_resets_total", Counter),
         SyncConflicts = ("sync_conflicts_total", Counter),
         HostErrors = ("host_errors_total", Counter),
@@ -124,6 +129,9 @@ enum Tracking {
     Tracked,
     /// The registry is full: passes through unhedged.
     Untracked,
+    /// Idle for a whole window, its registry slot went to another cluster:
+    /// registered again (`Pending`) at its next request.
+    Evicted,
 }
 
 /// One cluster as this worker knows it.
@@ -154,6 +162,11 @@ pub struct ClusterState {
     reset_logged: bool,
     /// Size of the cluster's shared value at the last sync.
     shared_bytes: usize,
+    /// Just registered: an `evicted` marker in its key is replaced, not
+    /// obeyed.
+    revive: bool,
+    /// Untracked, and asked for since the last tick.
+    wants_slot: bool,
     /// `mode: shadow`: the p99 the window would have had with hedging.
     shadow_p99_us: Option<f64>,
     /// Named routes that learn their own delay (`max_routes`).
@@ -188,12 +201,29 @@ impl ClusterState {
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
+            revive: false,
+            wants_slot: false,
             routes: Routes::default(),
             hosts: Hosts::default(),
             hosts_summary: HostsSummary::default(),
             override_check: OverrideCheck::default(),
             armed,
         }
+    }
+
+    /// Its shared value was given up while idle (another worker needed the
+    /// registry slot): what it learned goes, its metrics stay, and its next
+    /// request registers it again.
+    fn evicted(&mut self) {
+        self.tracking = Tracking::Evicted;
+        self.hedge_delay = None;
+        self.window_samples = 0;
+        self.samples.clear();
+        self.requests_unsynced = 0;
+        self.sent_unsynced = 0;
+        self.shadow_p99_us = None;
+        self.shared_bytes = 0;
+        self.routes = Routes::default();
     }
 
     /// The cluster's hosts as this worker knows them.
@@ -311,6 +341,8 @@ pub struct Worker {
     index: HashMap<Box<[u8]>, ClusterId>,
     metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
+    /// Where the next look for idle clusters starts in the registry.
+    eviction_cursor: usize,
     /// Ticks so far, and their period (µs).
     ticks: u64,
     tick_us: u64,
@@ -361,6 +393,7 @@ impl Worker {
             index: HashMap::new(),
             metrics: MetricTable::default(),
             registry_full_logged: false,
+            eviction_cursor: 0,
             ticks: 0,
             tick_us,
             random: 0,
@@ -439,12 +472,21 @@ impl Worker {
         };
         let tracked = id.and_then(|id| {
             let state = self.clusters.get_mut(id)?;
-            (state.tracking != Tracking::Untracked).then_some((id, state))
+            if state.tracking == Tracking::Untracked {
+                // asks for a slot again on the tick: an idle cluster may
+                // give its up
+                state.wants_slot = true;
+                return None;
+            }
+            Some((id, state))
         });
         let Some((id, state)) = tracked else {
             self.metrics.add(WorkerMetric::UntrackedRequests, 1);
             return decision::plan(request, &self.config, Cluster::Untracked);
         };
+        if state.tracking == Tracking::Evicted {
+            state.tracking = Tracking::Pending;
+        }
         state.metrics.add(ClusterMetric::Requests, 1);
         state.requests_unsynced += 1;
         state.requests_this_tick += 1;
@@ -733,33 +775,39 @@ impl Worker {
             c.samples_this_tick = 0;
             c.population_this_tick = 0;
             c.armed.forget_stale(now_ms.saturating_mul(1_000_000));
+            if c.tracking == Tracking::Untracked && std::mem::take(&mut c.wants_slot) {
+                c.tracking = Tracking::Pending;
+            }
         }
         if self
             .clusters
             .iter()
             .any(|c| c.tracking == Tracking::Pending)
         {
-            self.register_pending(store, log);
+            self.register_pending(now_ms, store, log);
         }
         for id in 0..self.clusters.len() {
             self.sync_cluster(id, now_ms, store, log);
         }
     }
 
-    fn register_pending(&mut self, store: &dyn SharedStore, log: &mut dyn Logger) {
+    fn register_pending(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         let max = self.config.max_clusters;
         let key = registry_key(self.geometry);
+        let evicted = self.evict_idle(now_ms, store, &key, max);
         let clusters = &self.clusters;
         let mut outcome = Vec::new();
         let update = update_shared(
             store,
             &key,
+            false,
             Registry::decode,
             Registry::default,
             |registry| {
                 // recomputed on every attempt: a conflict means another worker
                 // changed the registry in between
                 outcome.clear();
+                registry.names.retain(|n| !evicted.contains(n));
                 for (id, state) in clusters.iter().enumerate() {
                     if state.tracking != Tracking::Pending {
                         continue;
@@ -788,6 +836,8 @@ impl Worker {
                 continue;
             };
             state.tracking = if tracked {
+                // a key left evicted is this cluster's to take again
+                state.revive = true;
                 Tracking::Tracked
             } else {
                 Tracking::Untracked
@@ -803,6 +853,67 @@ impl Worker {
                 );
             }
         }
+    }
+
+    /// When the registry is full and this worker has clusters waiting for
+    /// a slot: gives up the slots of registered clusters idle for a whole
+    /// window (up to `EVICTIONS_PER_TICK` checked per tick, from a place
+    /// that turns), leaving each key an `evicted` marker written with the
+    /// token read, so a cluster that just became busy again is not lost.
+    /// Returns the names evicted, to take out of the registry.
+    fn evict_idle(
+        &mut self,
+        now_ms: u64,
+        store: &dyn SharedStore,
+        key: &str,
+        max: usize,
+    ) -> Vec<String> {
+        let mut evicted = Vec::new();
+        let Ok(Some((bytes, _))) = store.get(key) else {
+            return evicted;
+        };
+        let Ok(registry) = Registry::decode(&bytes) else {
+            return evicted;
+        };
+        let pending = self
+            .clusters
+            .iter()
+            .filter(|c| c.tracking == Tracking::Pending && !registry.contains(&c.name))
+            .count();
+        let full = registry.names.len();
+        if full < max || pending == 0 || full == 0 {
+            return evicted;
+        }
+        let needed = pending.min(EVICTIONS_PER_TICK);
+        self.eviction_cursor = self.eviction_cursor.wrapping_add(1);
+        for i in 0..full.min(EVICTIONS_PER_TICK * 4) {
+            if evicted.len() >= needed {
+                break;
+            }
+            let Some(name) = registry
+                .names
+                .get(self.eviction_cursor.wrapping_add(i) % full)
+            else {
+                continue;
+            };
+            let cluster_key = cluster_key(self.geometry, name);
+            let Ok(Some((bytes, cas))) = store.get(&cluster_key) else {
+                continue;
+            };
+            let idle = SharedCluster::decode(&bytes, self.geometry).is_ok_and(|c| c.idle(now_ms));
+            if idle
+                && store
+                    .set(&cluster_key, &SharedCluster::evicted(), cas)
+                    .is_ok()
+            {
+                evicted.push(name.clone());
+            }
+        }
+        if !evicted.is_empty() {
+            self.metrics
+                .add(WorkerMetric::ClustersEvicted, evicted.len() as u64);
+        }
+        evicted
     }
 
     fn sync_cluster(
@@ -823,6 +934,7 @@ impl Worker {
         let update = update_shared(
             store,
             &cluster_key(geometry, &state.name),
+            state.revive,
             |bytes| SharedCluster::decode(bytes, geometry),
             || SharedCluster::new(geometry),
             |shared| {
@@ -848,6 +960,10 @@ impl Worker {
             },
             SharedCluster::encode,
         );
+        if update.evicted {
+            state.evicted();
+            return;
+        }
         if let (Some(e), false) = (&update.reset, state.reset_logged) {
             state.reset_logged = true;
             log.log(
@@ -861,6 +977,7 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return;
         };
+        state.revive = false;
         state.samples.clear();
         state.requests_unsynced = 0;
         state.sent_unsynced = 0;
@@ -1041,6 +1158,8 @@ struct SharedUpdate<T> {
     /// one's error.
     resets: u64,
     reset: Option<DecodeError>,
+    /// The value was evicted (`DecodeError::Evicted`): nothing was written.
+    evicted: bool,
     conflicts: u32,
     /// The value now in shared memory; `None` when every attempt met a
     /// conflict (the work is left to the next tick); the failed host call
@@ -1064,6 +1183,7 @@ struct Stored<T> {
 fn update_shared<T: Clone + PartialEq>(
     store: &dyn SharedStore,
     key: &str,
+    revive: bool,
     decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
     fresh: impl Fn() -> T,
     mut update: impl FnMut(&mut T),
@@ -1072,13 +1192,25 @@ fn update_shared<T: Clone + PartialEq>(
     let mut outcome = SharedUpdate {
         resets: 0,
         reset: None,
+        evicted: false,
         conflicts: 0,
         result: Ok(None),
     };
     for _ in 0..CAS_ATTEMPTS {
+        // the evicted marker is replaced even by an unchanged value
+        let mut revived = false;
         let (before, mut bytes, cas) = match store.get(key) {
             Ok(Some((stored, cas))) => match decode(&stored) {
                 Ok(value) => (value, stored.len(), cas),
+                // given up while idle: only registering it again revives it
+                Err(DecodeError::Evicted) if !revive => {
+                    outcome.evicted = true;
+                    return outcome;
+                }
+                Err(DecodeError::Evicted) => {
+                    revived = true;
+                    (fresh(), 0, cas)
+                }
                 Err(e) => {
                     outcome.resets += 1;
                     outcome.reset.get_or_insert(e);
@@ -1095,7 +1227,7 @@ fn update_shared<T: Clone + PartialEq>(
         update(&mut value);
         // Unchanged means nothing was pending here: samples, requests, sent
         // hedges and tokens each change the value.
-        if value != before {
+        if value != before || revived {
             let encoded = encode(&value);
             bytes = encoded.len();
             match store.set(key, &encoded, cas) {
@@ -1398,6 +1530,71 @@ mod tests {
             Some(2)
         );
         assert!(!stats.names.iter().any(|n| n.ends_with(".three")));
+    }
+
+    /// A full registry gives the slot of a cluster idle for a whole window
+    /// to a cluster waiting for one; the idle cluster's key keeps only a
+    /// marker, and its next request registers it again (taking the slot of
+    /// another idle cluster), reviving its value.
+    #[test]
+    fn idle_clusters_give_their_registry_slot_up() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 2, "min_samples": 1}"#);
+        let mut a = Worker::new(cfg);
+        let mut log = Lines::default();
+        traffic(&mut a, "one", 5, 1000);
+        traffic(&mut a, "two", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        traffic(&mut a, "three", 5, 1000);
+        a.sync(T0 + 200, &store, &mut log);
+        assert_eq!(
+            decision(&mut a, b"three", b"GET"),
+            Decision::Skip(Skip::Untracked),
+            "one and two are busy"
+        );
+        // a window later, one and two idle; three still asked for
+        let later = T0 + 31_000;
+        decision(&mut a, b"three", b"GET");
+        a.sync(later, &store, &mut log);
+        let registry = |store: &MemoryStore| {
+            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+            Registry::decode(&bytes).unwrap().names
+        };
+        assert!(registry(&store).contains(&"three".to_string()));
+        assert_eq!(registry(&store).len(), 2);
+        let gone = if registry(&store).contains(&"one".to_string()) {
+            "two"
+        } else {
+            "one"
+        };
+        let (marker, _) = store.get(&cluster_key(G30, gone)).unwrap().unwrap();
+        assert_eq!(marker, SharedCluster::evicted());
+        traffic(&mut a, "three", 5, 1000);
+        a.sync(later + 200, &store, &mut log);
+        assert!(matches!(
+            decision(&mut a, b"three", b"GET"),
+            Decision::Arm(_)
+        ));
+        // the evicted cluster learns it on its next tick, then comes back
+        a.sync(later + 400, &store, &mut log);
+        assert_eq!(
+            decision(&mut a, gone.as_bytes(), b"GET"),
+            Decision::Skip(Skip::WarmingUp),
+            "what it learned went with its slot"
+        );
+        traffic(&mut a, gone, 5, 1000);
+        a.sync(later + 600, &store, &mut log);
+        assert!(registry(&store).contains(&gone.to_string()));
+        let (value, _) = store.get(&cluster_key(G30, gone)).unwrap().unwrap();
+        assert!(SharedCluster::decode(&value, G30).is_ok(), "revived");
+        // three is busy: the other idle one went instead
+        let other = if gone == "one" { "two" } else { "one" };
+        assert!(registry(&store).contains(&"three".to_string()));
+        let (marker, _) = store.get(&cluster_key(G30, other)).unwrap().unwrap();
+        assert_eq!(marker, SharedCluster::evicted());
+        let mut stats = Stats::default();
+        a.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(2));
     }
 
     /// Worker a's first names were refused by the registry (b registered
