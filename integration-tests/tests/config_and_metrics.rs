@@ -32,6 +32,14 @@ fn bad_configs_are_refused_and_the_log_names_the_field() {
             r#"{"clusters": {"backend": {"max_hedges": 9}}}"#,
             r#"field "clusters.backend.max_hedges""#,
         ),
+        (
+            r#"{"max_clusters": 5000}"#,
+            r#"field "max_clusters" = 5000: must be between 1 and 1022"#,
+        ),
+        (
+            r#"{"idempotent_grpc_methods": ["demo.Echo/Get"]}"#,
+            r#"field "idempotent_grpc_methods""#,
+        ),
         ("not json", "invalid plugin config"),
     ];
     for (config, field) in cases {

@@ -527,3 +527,57 @@ fn made_up_cluster_names_from_a_client_take_no_slot() {
     );
     envoy.assert_no_vm_failure();
 }
+
+/// With the registry full (`max_clusters: 1`), a cluster idle for a whole
+/// window (1 s here) gives its slot to a busy one that asks: the busy one
+/// is then learned and armed, and the eviction is counted.
+#[test]
+fn an_idle_cluster_gives_its_slot_to_a_busy_one() {
+    let sim = Simulator::start(vec![fast(), fast(), fast(), fast()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(
+            r#"{"min_samples": 20, "debug_header": true, "max_clusters": 1, "window": "1s", "sync_interval": "100ms"}"#,
+        ),
+    )
+    .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 50, 2).await;
+        // backend holds the only slot; backend-b waits until backend has
+        // been idle for a whole window, then takes it
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let mut decisions = BTreeMap::new();
+        loop {
+            let r = request(&client, "GET", &envoy.url("/b/"), &[])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+            let decision = common::decision(&r).to_string();
+            if decision.starts_with("armed") {
+                break;
+            }
+            *decisions.entry(decision).or_insert(0) += 1;
+            assert!(
+                std::time::Instant::now() < deadline,
+                "backend-b never armed: {decisions:?} {}",
+                envoy.filter_stats("")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            decisions.contains_key("skipped; reason=untracked"),
+            "backend-b had to wait for the slot: {decisions:?}"
+        );
+    });
+    let evicted = envoy.wait_for_stats("an eviction counted", |s| {
+        s.get("wasmcustom.adaptive_hedge.clusters_evicted_total")
+            .is_some_and(|&n| n >= 1)
+    });
+    assert_eq!(
+        evicted.get("wasmcustom.adaptive_hedge.clusters_evicted_total"),
+        Some(&1),
+        "only backend was evicted"
+    );
+    envoy.wait_for_log("max_clusters (1) reached");
+    envoy.assert_no_vm_failure();
+}
