@@ -385,13 +385,13 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     assert!(plugins
         .iter()
         .any(|p| get(p, "spec.match.0.mode").as_str() == Some("CLIENT")));
-    // Circuit breaker: Envoy's default allows 3 concurrent retries (hedges).
+    // Circuit breaker: Istio's default max_retries (2^32-1) stays; a
+    // maxRetries in the DestinationRule could only lower it.
     let rule = of_kind(&docs, "DestinationRule")[0];
-    assert!(
-        get(rule, "spec.trafficPolicy.connectionPool.http.maxRetries")
-            .as_u64()
-            .unwrap_or(0)
-            >= 100
+    assert!(get(rule, "spec.trafficPolicy.connectionPool").is_null());
+    assert_eq!(
+        get(rule, "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures").as_u64(),
+        Some(10)
     );
     // Host choice: the outbound cluster follows the filter's header, and
     // Envoy accepts the patch on a cluster that keeps Istio's lb_policy.
@@ -425,14 +425,30 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
         "istio-host-choice",
         &serde_yaml::to_string(&bootstrap).unwrap(),
     );
-    // Retry back-off: added to the hedge delay, 25 ms by default.
-    let patch = of_kind(&docs, "EnvoyFilter")[0];
-    assert_eq!(str_at(patch, "spec.configPatches.0.applyTo"), "HTTP_ROUTE");
-    let back_off = get(
-        patch,
-        "spec.configPatches.0.patch.value.route.retry_policy.retry_back_off",
-    );
-    assert_eq!(str_at(back_off, "base_interval"), "0.001s");
+    // Retry back-off: added to the hedge delay, 25 ms by default; set on
+    // the proxies that carry the plugin only (the gateway's by its
+    // selector, the sidecars of the plugin's namespace), never mesh-wide.
+    let patches: Vec<&Value> = of_kind(&docs, "EnvoyFilter")
+        .into_iter()
+        .filter(|f| str_at(f, "metadata.name") == "adaptive-hedge-retry-back-off")
+        .collect();
+    assert_eq!(patches.len(), 2);
+    for patch in &patches {
+        assert_eq!(str_at(patch, "spec.configPatches.0.applyTo"), "HTTP_ROUTE");
+        let back_off = get(
+            patch,
+            "spec.configPatches.0.patch.value.route.retry_policy.retry_back_off",
+        );
+        assert_eq!(str_at(back_off, "base_interval"), "0.001s");
+        let scoped = !get(patch, "spec.workloadSelector").is_null()
+            || str_at(patch, "metadata.namespace") != "istio-system";
+        assert!(scoped, "a back-off patch for the whole mesh: {patch:?}");
+    }
+    let contexts: Vec<&str> = patches
+        .iter()
+        .map(|p| str_at(p, "spec.configPatches.0.match.context"))
+        .collect();
+    assert_eq!(contexts, ["GATEWAY", "SIDECAR_OUTBOUND"]);
 }
 
 #[test]
