@@ -390,7 +390,11 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     let rule = of_kind(&docs, "DestinationRule")[0];
     assert!(get(rule, "spec.trafficPolicy.connectionPool").is_null());
     assert_eq!(
-        get(rule, "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures").as_u64(),
+        get(
+            rule,
+            "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures"
+        )
+        .as_u64(),
         Some(10)
     );
     // Host choice: the outbound cluster follows the filter's header, and
@@ -575,13 +579,18 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
         .unwrap()
         .contains(mount));
 
-    for (name, mut options) in [("istio", istio_options), ("gateway", gateway_options)] {
-        // Envoy needs a protocol; Istio's own options supply it on a mesh.
+    for (name, options) in [("istio", istio_options), ("gateway", gateway_options)] {
+        // The patch replaces the platform's whole HttpProtocolOptions (an
+        // Istio MERGE does not merge inside an Any): it must select the
+        // protocol itself, and Envoy must accept it as it is.
         let key = Value::from("envoy.extensions.upstreams.http.v3.HttpProtocolOptions");
-        if options[&key].get("explicit_http_config").is_none() {
-            options[&key]["explicit_http_config"] =
-                serde_yaml::from_str("{http_protocol_options: {}}").unwrap();
-        }
+        assert!(
+            options[&key].get("explicit_http_config").is_some()
+                || options[&key]
+                    .get("use_downstream_protocol_config")
+                    .is_some(),
+            "{name}: the patch selects no protocol"
+        );
         let mut bootstrap: Value = serde_yaml::from_str(
             &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-streaming.yaml"))
                 .unwrap(),

@@ -496,6 +496,16 @@ fn config_check_passes_shipped_configs_and_refuses_silent_mistakes() {
         ),
         "hangs until the route timeout",
     );
+    // Istio's MERGE replaces the cluster's whole HttpProtocolOptions: a
+    // patch without its own protocol selection leaves none
+    let istio = std::fs::read_to_string(root.join("envoy-configs/istio/streaming.yaml")).unwrap();
+    refused(
+        &istio.replace(
+            "              explicit_http_config:\n                http_protocol_options: {}\n",
+            "",
+        ),
+        "without a protocol selection",
+    );
     // the roles swapped: each in the other's chain
     refused(
         &streaming.replace(r#"{\"role\": \"upstream\"}"#, "{}"),

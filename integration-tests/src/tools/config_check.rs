@@ -253,4 +253,21 @@ fn check_upstream_chain(value: &Value, path: &[String], report: &mut Report) {
             path.join(".")
         ));
     }
+    // A patch that writes a cluster's HttpProtocolOptions replaces the ones
+    // the platform generated (an Istio MERGE does not merge inside an Any;
+    // a JSON patch "add" replaces the map): without its own protocol
+    // selection Envoy refuses the cluster.
+    let selects_protocol = [
+        "explicit_http_config",
+        "use_downstream_protocol_config",
+        "auto_config",
+    ]
+    .iter()
+    .any(|k| value.get(*k).is_some());
+    if !selects_protocol {
+        report.problems.push(format!(
+            "{}: HttpProtocolOptions without a protocol selection (explicit_http_config, use_downstream_protocol_config or auto_config): a patch replaces the options the platform generated, protocol included (envoy-configs/istio/streaming.yaml says what Istio writes)",
+            path.join(".")
+        ));
+    }
 }
