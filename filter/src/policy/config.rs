@@ -188,15 +188,21 @@ fn methods_rule(methods: Vec<String>) -> Result<Vec<String>, String> {
     Ok(methods)
 }
 
-fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
-    let values: Vec<&str> = retry_on.split(',').map(str::trim).collect();
-    if values.iter().any(|v| !RETRY_ON_VALUES.contains(v)) {
+/// A comma-separated list of values from `allowed` (`what`: whose), with
+/// the spaces around them taken out.
+fn comma_list(list: &str, allowed: &[&str], what: &str) -> Result<Arc<str>, String> {
+    let values: Vec<&str> = list.split(',').map(str::trim).collect();
+    if values.iter().any(|v| !allowed.contains(v)) {
         return Err(format!(
-            "must be a comma-separated list of Envoy retry-on values ({})",
-            RETRY_ON_VALUES.join(", ")
+            "must be a comma-separated list of {what} values ({})",
+            allowed.join(", ")
         ));
     }
     Ok(values.join(",").into())
+}
+
+fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
+    comma_list(&retry_on, RETRY_ON_VALUES, "Envoy retry-on")
 }
 
 /// The gRPC statuses Envoy can retry on (`x-envoy-retry-grpc-on`).
@@ -209,14 +215,7 @@ const GRPC_RETRY_ON_VALUES: &[&str] = &[
 ];
 
 fn grpc_retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
-    let values: Vec<&str> = retry_on.split(',').map(str::trim).collect();
-    if values.iter().any(|v| !GRPC_RETRY_ON_VALUES.contains(v)) {
-        return Err(format!(
-            "must be a comma-separated list of Envoy gRPC retry-on values ({})",
-            GRPC_RETRY_ON_VALUES.join(", ")
-        ));
-    }
-    Ok(values.join(",").into())
+    comma_list(&retry_on, GRPC_RETRY_ON_VALUES, "Envoy gRPC retry-on")
 }
 
 /// `/package.Service/Method` or `/package.Service/`: the `:path` of a gRPC

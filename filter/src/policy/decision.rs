@@ -617,14 +617,13 @@ mod tests {
     }
 
     fn with_defaults(request: &Request) -> Plan {
-        let policy = ClusterPolicy::default();
-        plan_for(
-            request,
-            &Config::default(),
-            &policy,
-            DELAY,
-            &funded(&policy),
-        )
+        with_policy(request, &ClusterPolicy::default())
+    }
+
+    /// The plan under `policy`, the default config, a learned delay and a
+    /// funded budget.
+    fn with_policy(request: &Request, policy: &ClusterPolicy) -> Plan {
+        plan_for(request, &Config::default(), policy, DELAY, &funded(policy))
     }
 
     /// The headers a plan sets, as text.
@@ -702,15 +701,7 @@ mod tests {
             idempotent_grpc_methods: vec!["/demo.Echo/Get".into(), "/demo.Catalog/".into()],
             ..Default::default()
         };
-        let plan = |request: &Request| {
-            plan_for(
-                request,
-                &Config::default(),
-                &policy,
-                DELAY,
-                &funded(&policy),
-            )
-        };
+        let plan = |request: &Request| with_policy(request, &policy);
         for listed in [&b"/demo.Echo/Get"[..], b"/demo.Catalog/List"] {
             let p = plan(&call(listed));
             assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
