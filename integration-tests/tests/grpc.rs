@@ -1,8 +1,10 @@
 //! gRPC through real Envoy: a tonic server on each of three hosts (h2c),
 //! a tonic client, `envoy-configs/envoy.yaml` with the cluster speaking
 //! HTTP/2. A listed unary method is hedged and the first answer wins; an
-//! unlisted method and a client-streaming call are never duplicated; a fast
-//! UNAVAILABLE does not end an armed call's race (`grpc_retry_on`).
+//! unlisted method is never duplicated, a client-streaming one included
+//! (the filter cannot tell a streaming call from its headers: only the
+//! list decides); a fast UNAVAILABLE on a listed method is answered by the
+//! second attempt (`grpc_retry_on`; a retry before any hedge is sent).
 
 mod common;
 

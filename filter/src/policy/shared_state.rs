@@ -180,9 +180,31 @@ impl SharedCluster {
 
     /// The value's bytes, at most `MAX_CLUSTER_VALUE_BYTES`: the cluster's
     /// own latencies and hosts always fit (58 KiB at worst); named routes
-    /// are kept in the order they were registered while they fit, and a
-    /// route left out uses the cluster's delay.
+    /// are kept in the order they were registered while they fit
+    /// (`fit_routes`), and a route left out uses the cluster's delay.
     pub fn encode(&self) -> Vec<u8> {
+        let (mut out, hosts_out, routes_out, routes) = self.encode_parts();
+        out.push(routes);
+        out.extend_from_slice(&routes_out);
+        out.extend_from_slice(&hosts_out);
+        out
+    }
+
+    /// Drops the named routes past those that fit the value's cap, so that
+    /// what a worker goes on with is what it stored.
+    pub fn fit_routes(&mut self) {
+        let (_, _, _, kept) = self.encode_parts();
+        let mut left = usize::from(kept);
+        self.routes.retain(|r| {
+            let keep = left > 0 && r.name.len() <= MAX_ROUTE_NAME;
+            left -= usize::from(keep);
+            keep
+        });
+    }
+
+    /// The header and the cluster's latencies, the hosts, the routes that
+    /// fit and their count.
+    fn encode_parts(&self) -> (Vec<u8>, Vec<u8>, Vec<u8>, u8) {
         let mut out = Vec::with_capacity(4096);
         out.extend_from_slice(CLUSTER_MAGIC);
         out.push(ENCODING_VERSION);
@@ -231,10 +253,7 @@ impl SharedCluster {
             routes_out.extend_from_slice(&route_out);
             routes += 1;
         }
-        out.push(routes);
-        out.extend_from_slice(&routes_out);
-        out.extend_from_slice(&hosts_out);
-        out
+        (out, hosts_out, routes_out, routes)
     }
 
     /// The value an idle cluster's key is left with when its registry slot
@@ -633,9 +652,40 @@ mod tests {
             (c.window.clone(), c.long.clone())
         );
         assert_eq!(back.hosts, c.hosts);
-        // the routes that fit, first registered first
-        assert!(back.routes.len() < MAX_ROUTES);
-        assert_eq!(back.routes[..], c.routes[..back.routes.len()]);
+        // none of the widest routes fits beside the widest cluster
+        assert!(back.routes.is_empty());
+        // a plain cluster with routes of some 4 KB each: the first ones fit
+        let mut narrow = Sketch::new();
+        for key in 500..630 {
+            narrow.add(super::super::sketch::value_for(key));
+        }
+        let mut c = SharedCluster::new(g);
+        for i in 0..MAX_ROUTES {
+            let mut route = SharedRoute::new(format!("route-{i}"), g);
+            for s in 0..SLICES as u64 {
+                route.window.merge(now - s * g.slice_ms, &narrow);
+            }
+            route.long.merge(now, &narrow);
+            c.routes.push(route);
+        }
+        let capped = c.encode();
+        assert!(capped.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", capped.len());
+        let back = SharedCluster::decode(&capped, g).unwrap();
+        assert!(
+            (2..MAX_ROUTES).contains(&back.routes.len()),
+            "{}",
+            back.routes.len()
+        );
+        assert_eq!(
+            back.routes[..],
+            c.routes[..back.routes.len()],
+            "first registered first"
+        );
+        // and fit_routes leaves in memory what was stored
+        let mut fitted = c.clone();
+        fitted.fit_routes();
+        assert_eq!(fitted.routes, back.routes);
+        assert_eq!(fitted.encode(), capped);
         // and a small cluster keeps all its routes
         let mut small = sample_cluster();
         for i in 0..MAX_ROUTES - 2 {

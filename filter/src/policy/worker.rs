@@ -122,6 +122,17 @@ metric_set! {
     }
 }
 
+/// What the registry said to a cluster waiting for a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// Its name was there already.
+    Registered,
+    /// This worker put it there.
+    Added,
+    /// Full.
+    Refused,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tracking {
     /// Seen locally, not yet in the shared registry (next tick).
@@ -129,9 +140,6 @@ enum Tracking {
     Tracked,
     /// The registry is full: passes through unhedged.
     Untracked,
-    /// Idle for a whole window, its registry slot went to another cluster:
-    /// registered again (`Pending`) at its next request.
-    Evicted,
 }
 
 /// One cluster as this worker knows it.
@@ -212,10 +220,11 @@ impl ClusterState {
     }
 
     /// Its shared value was given up while idle (another worker needed the
-    /// registry slot): what it learned goes, its metrics stay, and its next
-    /// request registers it again.
+    /// registry slot): what it learned goes, its metrics stay, and it asks
+    /// for a slot again after its next request, like any untracked cluster.
     fn evicted(&mut self) {
-        self.tracking = Tracking::Evicted;
+        self.tracking = Tracking::Untracked;
+        self.revive = false;
         self.hedge_delay = None;
         self.window_samples = 0;
         self.samples.clear();
@@ -341,7 +350,7 @@ pub struct Worker {
     index: HashMap<Box<[u8]>, ClusterId>,
     metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
-    /// Where the next look for idle clusters starts in the registry.
+    /// Where this tick's look for idle clusters starts in the registry.
     eviction_cursor: usize,
     /// Ticks so far, and their period (µs).
     ticks: u64,
@@ -405,6 +414,8 @@ impl Worker {
     /// Mixes `entropy` (the clock in ns) into the host choice's generator.
     pub fn stir(&mut self, entropy: u64) {
         self.random = mix(self.random ^ entropy);
+        // each tick, each worker looks for idle clusters somewhere else
+        self.eviction_cursor = (self.random >> 32) as usize;
     }
 
     pub fn config(&self) -> &Config {
@@ -484,9 +495,6 @@ impl Worker {
             self.metrics.add(WorkerMetric::UntrackedRequests, 1);
             return decision::plan(request, &self.config, Cluster::Untracked);
         };
-        if state.tracking == Tracking::Evicted {
-            state.tracking = Tracking::Pending;
-        }
         state.metrics.add(ClusterMetric::Requests, 1);
         state.requests_unsynced += 1;
         state.requests_this_tick += 1;
@@ -812,15 +820,15 @@ impl Worker {
                     if state.tracking != Tracking::Pending {
                         continue;
                     }
-                    let tracked = if registry.contains(&state.name) {
-                        true
+                    let slot = if registry.contains(&state.name) {
+                        Slot::Registered
                     } else if registry.names.len() < max {
                         registry.names.push(state.name.clone());
-                        true
+                        Slot::Added
                     } else {
-                        false
+                        Slot::Refused
                     };
-                    outcome.push((id, tracked));
+                    outcome.push((id, slot));
                 }
             },
             Registry::encode,
@@ -831,13 +839,20 @@ impl Worker {
         if self.account(update, log, "registry").is_none() {
             return;
         }
-        for (id, tracked) in outcome {
+        if !evicted.is_empty() {
+            self.metrics
+                .add(WorkerMetric::ClustersEvicted, evicted.len() as u64);
+        }
+        for (id, slot) in outcome {
             let Some(state) = self.clusters.get_mut(id) else {
                 continue;
             };
+            let tracked = slot != Slot::Refused;
+            // Only the worker that put the name back in the registry may
+            // replace an evicted marker: a name still registered beside a
+            // marker is being evicted (its removal from the registry follows).
+            state.revive = slot == Slot::Added;
             state.tracking = if tracked {
-                // a key left evicted is this cluster's to take again
-                state.revive = true;
                 Tracking::Tracked
             } else {
                 Tracking::Untracked
@@ -857,10 +872,14 @@ impl Worker {
 
     /// When the registry is full and this worker has clusters waiting for
     /// a slot: gives up the slots of registered clusters idle for a whole
-    /// window (up to `EVICTIONS_PER_TICK` checked per tick, from a place
-    /// that turns), leaving each key an `evicted` marker written with the
-    /// token read, so a cluster that just became busy again is not lost.
-    /// Returns the names evicted, to take out of the registry.
+    /// window (no sample in it), up to `EVICTIONS_PER_TICK` a tick among
+    /// `4 x EVICTIONS_PER_TICK` looked at in a row, from a place drawn per
+    /// tick and worker (`stir`). Each one's key is
+    /// left an evicted marker, written with the token read, so a cluster
+    /// that turned busy in between keeps its value; a key that already holds
+    /// a marker (an eviction whose registry update failed) is taken out as
+    /// it is. Clusters this worker has samples or requests of waiting for
+    /// the tick are not idle. Returns the names, to take out of the registry.
     fn evict_idle(
         &mut self,
         now_ms: u64,
@@ -885,33 +904,40 @@ impl Worker {
             return evicted;
         }
         let needed = pending.min(EVICTIONS_PER_TICK);
-        self.eviction_cursor = self.eviction_cursor.wrapping_add(1);
-        for i in 0..full.min(EVICTIONS_PER_TICK * 4) {
+        let looked_at = full.min(EVICTIONS_PER_TICK * 4);
+        let start = self.eviction_cursor;
+        for i in 0..looked_at {
             if evicted.len() >= needed {
                 break;
             }
-            let Some(name) = registry
-                .names
-                .get(self.eviction_cursor.wrapping_add(i) % full)
-            else {
+            let Some(name) = registry.names.get(start.wrapping_add(i) % full) else {
                 continue;
             };
+            let busy_here = self
+                .index
+                .get(name.as_bytes())
+                .and_then(|&id| self.clusters.get(id))
+                .is_some_and(|c| !c.samples.is_empty() || c.requests_unsynced > 0);
+            if busy_here {
+                continue;
+            }
             let cluster_key = cluster_key(self.geometry, name);
             let Ok(Some((bytes, cas))) = store.get(&cluster_key) else {
                 continue;
             };
-            let idle = SharedCluster::decode(&bytes, self.geometry).is_ok_and(|c| c.idle(now_ms));
-            if idle
-                && store
-                    .set(&cluster_key, &SharedCluster::evicted(), cas)
-                    .is_ok()
-            {
+            let evict = match SharedCluster::decode(&bytes, self.geometry) {
+                Ok(cluster) => {
+                    cluster.idle(now_ms)
+                        && store
+                            .set(&cluster_key, &SharedCluster::evicted(), cas)
+                            .is_ok()
+                }
+                Err(DecodeError::Evicted) => true,
+                Err(_) => false,
+            };
+            if evict {
                 evicted.push(name.clone());
             }
-        }
-        if !evicted.is_empty() {
-            self.metrics
-                .add(WorkerMetric::ClustersEvicted, evicted.len() as u64);
         }
         evicted
     }
@@ -954,6 +980,8 @@ impl Worker {
                 } else {
                     shared.hosts.clear();
                 }
+                // past the value's cap a route is not stored, so not learned
+                shared.fit_routes();
                 shared.requests_total = shared.requests_total.wrapping_add(state.requests_unsynced);
                 shared.hedges_sent_total =
                     shared.hedges_sent_total.wrapping_add(state.sent_unsynced);
@@ -1575,15 +1603,20 @@ mod tests {
             decision(&mut a, b"three", b"GET"),
             Decision::Arm(_)
         ));
-        // the evicted cluster learns it on its next tick, then comes back
+        // the evicted cluster learns it on its next tick, then asks again
         a.sync(later + 400, &store, &mut log);
+        assert_eq!(
+            decision(&mut a, gone.as_bytes(), b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
+        a.sync(later + 600, &store, &mut log);
         assert_eq!(
             decision(&mut a, gone.as_bytes(), b"GET"),
             Decision::Skip(Skip::WarmingUp),
             "what it learned went with its slot"
         );
         traffic(&mut a, gone, 5, 1000);
-        a.sync(later + 600, &store, &mut log);
+        a.sync(later + 800, &store, &mut log);
         assert!(registry(&store).contains(&gone.to_string()));
         let (value, _) = store.get(&cluster_key(G30, gone)).unwrap().unwrap();
         assert!(SharedCluster::decode(&value, G30).is_ok(), "revived");
@@ -1595,6 +1628,44 @@ mod tests {
         let mut stats = Stats::default();
         a.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(2));
+    }
+
+    /// An eviction seen half-way by another worker: the name is still in
+    /// the registry beside a marker. That worker does not revive it (only
+    /// the one that puts the name back may), and a marker left in the
+    /// registry (the evicting worker's registry update failed) is taken
+    /// out by the next eviction as it is.
+    #[test]
+    fn a_marker_beside_a_registered_name_is_not_revived_and_is_cleared_later() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 1, "min_samples": 1}"#);
+        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        traffic(&mut a, "x", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        // the evicting worker wrote the marker, its registry update is lost
+        store
+            .set(&cluster_key(G30, "x"), &SharedCluster::evicted(), 0)
+            .unwrap();
+        traffic(&mut b, "x", 5, 1000);
+        b.sync(T0 + 200, &store, &mut log);
+        let (value, _) = store.get(&cluster_key(G30, "x")).unwrap().unwrap();
+        assert_eq!(value, SharedCluster::evicted(), "b did not revive x");
+        assert_eq!(
+            decision(&mut b, b"x", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
+        // a new cluster waits: the stuck marker's slot is given up
+        traffic(&mut a, "y", 5, 1000);
+        a.sync(T0 + 400, &store, &mut log);
+        let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+        assert_eq!(Registry::decode(&bytes).unwrap().names, ["y"]);
+        // and x, asked for again, finds the registry full of a busy y
+        b.sync(T0 + 600, &store, &mut log);
+        assert_eq!(
+            decision(&mut b, b"x", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
     }
 
     /// Worker a's first names were refused by the registry (b registered
