@@ -347,13 +347,16 @@ fn ejections_in_a_brownout(
 /// primary's and a hedge's each. Envoy's outlier event log puts every
 /// ejection 30-45 ms after the brownout began. The shipped manifests split
 /// local-origin errors and eject at 10 of them in a row (each new attempt
-/// to a host resets the count). Measured (`--nocapture` prints each run):
-/// with the shipped settings no ejection in 6 runs of 6 (with the split at
-/// 5 local-origin failures, one host in 2 runs of 15); with outlier
-/// detection's other settings at their defaults 0 hosts in 3 runs of 20,
-/// 1 in 9, 2 in 8; without the rule 3 of 3 in every run; without the
-/// filter none. Asserted: none with the shipped settings, and the cluster
-/// never emptied without them.
+/// to a host resets the count, and in a brownout a host whose armed
+/// attempts fired gets the worker's next request, unarmed:
+/// `Hosts::needs_fresh_attempt`). Measured (`--nocapture` prints each
+/// run): with the shipped settings one host in 1 CI run before the fresh
+/// attempts (none in 6 here), none in 8 of 8 with them (with the split at
+/// 5 local-origin failures one host in 2 runs of 15); with
+/// outlier detection's other settings at their defaults 0 hosts in 3
+/// runs of 20, 1 in 9, 2 in 8; without the rule 3 of 3 in every run;
+/// without the filter none. Asserted: none with the shipped settings, and
+/// the cluster never emptied without them.
 #[test]
 fn a_brownout_ejects_no_host_with_the_shipped_outlier_settings() {
     let plugin = r#"{"debug_header": true, "min_samples": 50}"#;

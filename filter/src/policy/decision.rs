@@ -418,10 +418,23 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             )
         })
     };
+    // A host whose armed attempts keep firing while host choice sends it
+    // nothing gets this request: with local-origin errors split, only a
+    // new stream resets outlier detection's count (see `timeouts`).
     let choose = |armed: bool, avoid: &dyn Fn(usize) -> bool| {
         chooser.and_then(|(view, hosts)| {
-            let pick =
-                hosts.choose_avoiding(view.policy.host_choices, view.random, armed, avoid)?;
+            let stale = view.armed.is_some_and(ArmedRequests::stale);
+            let fresh = hosts
+                .needs_fresh_attempt(stale)
+                .filter(|_| view.policy.outlier_pacing);
+            let pick = match fresh {
+                // unarmed: without the split its own timeout would be the
+                // next 504 in a row there
+                Some(id) => hosts.pick_with_primary(id, false, avoid),
+                None => {
+                    hosts.choose_avoiding(view.policy.host_choices, view.random, armed, avoid)?
+                }
+            };
             Some((pick, hosts.header_value(pick)?))
         })
     };
@@ -967,11 +980,18 @@ mod tests {
             panic!("{p:?}");
         };
         let hedge = pick.hedge.unwrap();
-        // one timeout standing: a straggler's, cleared by the next answer
-        hosts.timed_out(hedge);
+        // one timeout standing: a straggler's, cleared by the next answer;
+        // once this worker started another attempt there (the fresh one
+        // below), armed requests may go there again
+        hosts.timed_out(hedge, 10);
+        hosts.attempt_started(hedge, 15);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
-        hosts.timed_out(hedge);
+        // a second: this worker's next attempt there started since (the
+        // count outlier detection keeps with the split is reset), the one
+        // kept without it is not
+        hosts.timed_out(hedge, 20);
+        hosts.attempt_started(hedge, 30);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert_eq!(p.decision, Decision::Skip(Skip::Paced));
         assert_eq!(
@@ -982,8 +1002,9 @@ mod tests {
         // the primary's host held back: no pair clear, not armed (it goes
         // to a host as any unarmed request, its answer clears the count)
         hosts.answered_upstream(hedge);
-        hosts.timed_out(pick.primary);
-        hosts.timed_out(pick.primary);
+        hosts.timed_out(pick.primary, 40);
+        hosts.attempt_started(pick.primary, 45);
+        hosts.timed_out(pick.primary, 50);
         let p = with_hosts(&GET, &Config::default(), &hosts, random);
         assert_eq!(p.decision, Decision::Skip(Skip::Paced));
         assert_eq!(p.hosts.and_then(|h| h.hedge), None);
@@ -992,15 +1013,66 @@ mod tests {
         assert!(matches!(p.decision, Decision::Arm(_)));
     }
 
+    /// A host that host choice sends nothing (here on probation) while one
+    /// of this worker's attempts there fires gets the next request: with
+    /// local-origin errors split only a new stream resets outlier
+    /// detection's count. Unarmed (without the split its own timeout would
+    /// be the next 504 in a row there); once: the attempt named there
+    /// resets what this worker counts. In a brownout (a stale delay) any
+    /// host; in steady traffic only a host on probation.
+    #[test]
+    fn a_host_whose_attempts_keep_firing_gets_a_fresh_attempt() {
+        let mut hosts = three_hosts();
+        let random = u64::MAX / 3;
+        let on_probation = 2; // c:1, 30x slower
+        for r in 1..64u64 {
+            let p = with_hosts(&GET, &Config::default(), &hosts, r.wrapping_mul(random));
+            assert!(p.hosts.is_none_or(|h| h.primary != 2 && h.hedge != Some(2)));
+        }
+        hosts.timed_out(on_probation, 10);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert_eq!(p.decision, Decision::Skip(Skip::Paced));
+        assert_eq!(
+            p.hosts.map(|h| (h.primary, h.hedge)),
+            Some((on_probation, None))
+        );
+        hosts.attempt_started(on_probation, 30);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
+        // a timeout that fired before that attempt started was reset by it
+        hosts.timed_out(on_probation, 25);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
+        // without the pacing rule, nothing of the kind
+        let config = Config::parse(br#"{"outlier_pacing": false}"#).unwrap();
+        hosts.timed_out(on_probation, 40);
+        let p = with_hosts(&GET, &config, &hosts, random);
+        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert_eq!(p.hosts.map(|h| h.primary), Some(on_probation));
+        // in steady traffic a host in good standing whose primary fired
+        // is left to host choice, which sends it attempts soon enough
+        hosts.attempt_started(on_probation, 50);
+        let pick = with_hosts(&GET, &Config::default(), &hosts, random)
+            .hosts
+            .unwrap();
+        let other = (0..2).find(|&id| id != pick.primary).unwrap();
+        hosts.timed_out(other, 60);
+        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert_eq!(p.hosts, Some(pick));
+    }
+
     #[test]
     fn without_outlier_pacing_timeouts_standing_hold_nothing_back() {
         let mut hosts = three_hosts();
         let random = u64::MAX / 3;
         let config = Config::parse(br#"{"outlier_pacing": false}"#).unwrap();
         let pick = with_hosts(&GET, &config, &hosts, random).hosts.unwrap();
-        for _ in 0..5 {
-            hosts.timed_out(pick.primary);
-            hosts.timed_out(pick.hedge.unwrap());
+        for t in 0..5 {
+            hosts.timed_out(pick.primary, t);
+            hosts.timed_out(pick.hedge.unwrap(), t);
         }
         let p = with_hosts(&GET, &config, &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");

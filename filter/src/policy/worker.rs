@@ -289,7 +289,7 @@ impl ClusterState {
 
     /// Books a plan made for this cluster: the request earns its share of
     /// budget before the decision, the armed hedges are reserved after it.
-    fn book(&mut self, plan: &Plan, request: &Request, tick_us: u64) {
+    fn book(&mut self, plan: &Plan, request: &Request, tick_us: u64, now_ns: Option<u64>) {
         if in_sample_population(request, &self.policy) {
             self.population_this_tick = self.population_this_tick.saturating_add(1);
         }
@@ -320,6 +320,9 @@ impl ClusterState {
         }
         if let Some(pick) = plan.hosts {
             self.hosts.track(pick.primary, true);
+            if let Some(now) = now_ns {
+                self.hosts.attempt_started(pick.primary, now);
+            }
             self.metrics.add(ClusterMetric::HostPicks, 1);
         }
     }
@@ -510,7 +513,7 @@ impl Worker {
             &self.config,
             Cluster::Tracked(state.view(id, route, mix(self.random), now_ns, past_delay)),
         );
-        state.book(&plan, request, self.tick_us);
+        state.book(&plan, request, self.tick_us, now_ns);
         plan
     }
 
