@@ -65,7 +65,13 @@ setup-deploy:
 	  $$SUDO apt-get install -y -q $$missing; \
 	fi
 	@test -n "$(FUNC_E)" || GOFLAGS=-mod=mod go install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
-	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e)"
+	@# promtool (the alert rules' check) from Debian's prometheus package,
+	@# unpacked, not installed: no server, no service, no root needed
+	@command -v promtool >/dev/null || test -x build/tools/promtool || { \
+	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -q prometheus 2>/dev/null) && \
+	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && mkdir -p build/tools && \
+	  cp $$tmp/x/usr/bin/promtool build/tools/promtool && rm -rf $$tmp; }
+	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e) $$(command -v promtool || ls build/tools/promtool)"
 
 build: setup
 	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter

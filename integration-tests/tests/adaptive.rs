@@ -169,8 +169,12 @@ fn each_route_learns_its_own_delay() {
     });
     assert_eq!(cheap.ok(), 1000, "{}", cheap.summary());
     assert_eq!(expensive.ok(), 400, "{}", expensive.summary());
-    let route =
-        |name: &str| filter_stat_name("route_hedge_delay_us", &format!("backend.route.{name}"));
+    let route = |name: &str| {
+        filter_stat_name(
+            "route_hedge_delay_microseconds",
+            &format!("backend.route.{name}"),
+        )
+    };
     let stats = envoy.wait_for_stats("both routes learned", |s| {
         ["default", "expensive"]
             .iter()

@@ -140,7 +140,7 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     let (status, prom) = envoy.admin("/stats/prometheus").unwrap();
     assert_eq!(status, 200);
     let value = |metric: &str, cluster: &str| -> f64 {
-        let prefix = format!("{metric}{{cluster=\"{cluster}\"}} ");
+        let prefix = format!("{metric}{{envoy_cluster_name=\"{cluster}\"}} ");
         prom.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse().ok())
@@ -192,8 +192,8 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
         "upstream saw {extra_arrivals}, filter counted {sent}: {t:?}"
     );
     // the delays: backend's ~4 ms raised to min_delay, backend-b's ~20 ms learned
-    let fast = value("adaptive_hedge_hedge_delay_us", "backend") / 1000.0;
-    let slow = value("adaptive_hedge_hedge_delay_us", "backend-b") / 1000.0;
+    let fast = value("adaptive_hedge_hedge_delay_microseconds", "backend") / 1000.0;
+    let slow = value("adaptive_hedge_hedge_delay_microseconds", "backend-b") / 1000.0;
     assert!((10.0..15.0).contains(&fast), "backend delay {fast} ms");
     assert!((20.0..40.0).contains(&slow), "backend-b delay {slow} ms");
     // the worker-wide counters too

@@ -508,6 +508,150 @@ fn gateway_manifests_configure_the_filter_and_what_hedging_needs() {
     }
 }
 
+/// The metrics' cluster label as each install ships it: plain Envoy in its
+/// bootstrap, Istio through a bootstrap-override ConfigMap per namespace,
+/// Envoy Gateway through an EnvoyProxy bootstrap merge. All the same tag
+/// (Envoy's `envoy.cluster_name`, `envoy_cluster_name` in Prometheus), and
+/// Envoy accepts each merged into a bootstrap (the label itself is checked
+/// through a running Envoy in config_and_metrics.rs).
+#[test]
+fn the_metrics_cluster_label_is_shipped_for_every_install() {
+    let stats_tags = |bootstrap: &Value| bootstrap["stats_config"]["stats_tags"].clone();
+    let plain: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("envoy-configs/envoy.yaml")).unwrap(),
+    )
+    .unwrap();
+    let expected = stats_tags(&plain);
+    assert_eq!(str_at(&expected, "0.tag_name"), "envoy.cluster_name");
+    let mut shipped = Vec::new();
+    let istio = yaml_docs(MANIFESTS[0]);
+    for map in of_kind(&istio, "ConfigMap") {
+        assert_eq!(str_at(map, "metadata.name"), "adaptive-hedge-stats");
+        shipped.push((
+            format!("istio ConfigMap in {}", str_at(map, "metadata.namespace")),
+            map["data"]["custom_bootstrap.json"]
+                .as_str()
+                .expect("custom_bootstrap.json")
+                .to_string(),
+        ));
+    }
+    for file in [MANIFESTS[1], MANIFESTS[3]] {
+        let docs = yaml_docs(file);
+        let proxy = of_kind(&docs, "EnvoyProxy")[0];
+        assert_eq!(str_at(proxy, "spec.bootstrap.type"), "Merge", "{file}");
+        assert_eq!(str_at(proxy, "metadata.name"), "adaptive-hedge", "{file}");
+        shipped.push((
+            file.to_string(),
+            str_at(proxy, "spec.bootstrap.value").to_string(),
+        ));
+    }
+    assert_eq!(shipped.len(), 4, "two Istio namespaces, two EnvoyProxy");
+    let baseline: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-baseline.yaml")).unwrap(),
+    )
+    .unwrap();
+    for (name, text) in shipped {
+        let added: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(stats_tags(&added), expected, "{name}");
+        let mut bootstrap = baseline.clone();
+        bootstrap["stats_config"] = added["stats_config"].clone();
+        envoy_validates("stats-tags", &serde_yaml::to_string(&bootstrap).unwrap());
+    }
+}
+
+/// The filter's metric names in `text`: each `adaptive_hedge_<name>` (not
+/// Envoy's own `envoy_wasm_adaptive_hedge_*`), without the prefix.
+fn metric_names_in(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("adaptive_hedge_") {
+        let before = &rest[..at];
+        let after = &rest[at + "adaptive_hedge_".len()..];
+        let end = after
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(after.len());
+        if !before.ends_with("envoy_wasm_") && !before.ends_with('-') {
+            names.push(after[..end].to_string());
+        }
+        rest = &after[end..];
+    }
+    names
+}
+
+/// The Grafana dashboard and the alert rules (`envoy-configs/monitoring/`)
+/// read only metrics the filter exports, by the cluster label the shipped
+/// installs set; the dashboard is a loadable Grafana dashboard (panels with
+/// queries, a cluster variable). `make test-deploy` runs the rules through
+/// promtool.
+#[test]
+fn dashboard_and_alerts_read_the_filter_s_metrics() {
+    use adaptive_hedge::policy::{hold::HoldMetric, routes::RouteMetric, worker};
+    use adaptive_hedge::telemetry::Metric;
+    let exported: Vec<&str> = worker::ClusterMetric::ALL
+        .iter()
+        .map(|m| m.name())
+        .chain(worker::WorkerMetric::ALL.iter().map(|m| m.name()))
+        .chain(HoldMetric::ALL.iter().map(|m| m.name()))
+        .chain(RouteMetric::ALL.iter().map(|m| m.name()))
+        .collect();
+    let dir = repo_root().join("envoy-configs/monitoring");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("dashboard.json")).unwrap())
+            .expect("dashboard.json is JSON");
+    assert_eq!(dashboard["uid"], "adaptive-hedge");
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
+    let cluster = variables
+        .iter()
+        .find(|v| v["name"] == "cluster")
+        .expect("a cluster variable");
+    assert!(cluster["definition"]
+        .as_str()
+        .is_some_and(|d| d.contains("envoy_cluster_name")));
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6);
+    let mut used = Vec::new();
+    for panel in panels {
+        let title = panel["title"].as_str().expect("a title");
+        assert!(panel["gridPos"]["w"].as_u64().is_some(), "{title}");
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}");
+        for target in targets {
+            let expr = target["expr"].as_str().expect("expr");
+            assert!(target["refId"].is_string(), "{title}");
+            if expr.contains("envoy_cluster_name") || expr.contains("$cluster") {
+                assert!(!expr.contains("cluster=\""), "{title}: the old label");
+            }
+            used.extend(metric_names_in(expr));
+        }
+    }
+    let alerts = yaml_docs("envoy-configs/monitoring/alerts.yaml");
+    let rules = get(&alerts[0], "groups.0.rules")
+        .as_sequence()
+        .expect("rules");
+    assert!(rules.len() >= 4);
+    for rule in rules {
+        let name = str_at(rule, "alert");
+        assert!(!str_at(rule, "labels.severity").is_empty(), "{name}");
+        assert!(!str_at(rule, "annotations.summary").is_empty(), "{name}");
+        used.extend(metric_names_in(str_at(rule, "expr")));
+    }
+    for name in [
+        "budget_exhausted_total",
+        "hedges_won_total",
+        "hedge_delay_clamped",
+    ] {
+        assert!(used.iter().any(|u| u == name), "{name} unused");
+    }
+    for name in &used {
+        assert!(
+            exported.contains(&name.as_str()),
+            "adaptive_hedge_{name}: not a metric the filter exports"
+        );
+    }
+}
+
 /// The check above is the one that catches typos: a misspelt key or a bad
 /// value in a manifest's plugin config fails, naming the field.
 #[test]

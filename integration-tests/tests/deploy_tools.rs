@@ -1,5 +1,5 @@
 //! The deploy checks that need tools only a root install gives (Debian's
-//! docker-compose, skopeo, umoci) and func-e: `make setup-deploy` installs
+//! docker-compose, skopeo, umoci), func-e and promtool: `make setup-deploy` installs
 //! them, `make test-deploy` runs these (CI does both). `make test` runs the
 //! rest of the deploy checks (`deploy.rs`).
 
@@ -17,10 +17,12 @@ fn tool(name: &str) -> PathBuf {
     let go_bin = Path::new(&std::env::var("HOME").unwrap_or_default())
         .join("go/bin")
         .join(name);
+    let unpacked = repo_root().join("build/tools").join(name);
     envoy::on_path(name)
         .or_else(|| go_bin.is_file().then_some(go_bin))
+        .or_else(|| unpacked.is_file().then_some(unpacked))
         .unwrap_or_else(|| {
-            panic!("{name} not found: run `make setup-deploy` (docker-compose, skopeo, umoci from Debian; func-e by go install)")
+            panic!("{name} not found: run `make setup-deploy` (docker-compose, skopeo, umoci from Debian; func-e by go install; promtool unpacked from Debian's prometheus)")
         })
 }
 
@@ -35,6 +37,25 @@ fn docker_compose_accepts_the_compose_file() {
             .args(profile)
             .args(["-f", "docker-compose.yml", "config", "-q"]));
     }
+}
+
+/// The alert rules load (`promtool check rules`) and each alert fires on
+/// the series that should raise it and not on a healthy cluster beside it
+/// (`promtool test rules`).
+#[test]
+fn promtool_checks_and_tests_the_alert_rules() {
+    let promtool = tool("promtool");
+    let dir = repo_root().join("envoy-configs/monitoring");
+    let checked =
+        run(Command::new(&promtool)
+            .current_dir(&dir)
+            .args(["check", "rules", "alerts.yaml"]));
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested =
+        run(Command::new(&promtool)
+            .current_dir(&dir)
+            .args(["test", "rules", "alerts_test.yaml"]));
+    assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
 /// Real OCI tools read the image `make oci` writes.

@@ -422,6 +422,18 @@ fn a_vm_fault_under_fail_open_lets_requests_through() {
     assert_eq!(trapped.get(&503).copied(), Some(1), "{trapped:?}");
     let after = statuses(&rt, &client, &open, 50, &[]);
     println!("FAIL_OPEN: trapping request {trapped:?}, after {after:?}");
+    // What the FilterSilent alert (envoy-configs/monitoring/alerts.yaml)
+    // reads: the cluster's requests go on, the filter's count stands still
+    // (Envoy 1.40 has no stat for a failed VM under FAIL_OPEN)
+    let counted = open.filter_stat("requests_total", "backend");
+    let upstream = open.stat("cluster.backend.upstream_rq_total").unwrap_or(0);
+    let _ = statuses(&rt, &client, &open, 20, &[]);
+    open.wait_for_stats("the cluster's requests counted by Envoy", |s| {
+        s.get("cluster.backend.upstream_rq_total")
+            .is_some_and(|&n| n >= upstream + 20)
+    });
+    assert_eq!(open.filter_stat("requests_total", "backend"), counted);
+    assert!(counted.is_some_and(|n| n > 0));
     assert_eq!(after.get(&200).copied(), Some(50), "{after:?}");
     let reply = rt
         .block_on(request(&client, "GET", &open.url("/"), &[]))

@@ -137,7 +137,8 @@ fn a_shadow_adds_no_upstream_attempt_and_says_what_hedging_would_do() {
     );
     let name = |metric: &str| filter_stat_name(metric, "backend");
     let stats = envoy.wait_for_stats("the shadow's estimate", |s| {
-        s.get(&name("shadow_p99_us")).is_some_and(|&us| us > 0)
+        s.get(&name("shadow_p99_microseconds"))
+            .is_some_and(|&us| us > 0)
     });
     let get = |metric: &str| stats.get(&name(metric)).copied().unwrap_or_default();
     let (armed, hedges) = (get("shadow_armed_total"), get("shadow_hedges_total"));
@@ -150,8 +151,8 @@ fn a_shadow_adds_no_upstream_attempt_and_says_what_hedging_would_do() {
     assert_eq!(get("hedges_armed_total"), 0, "{report}");
     assert_eq!(get("hedges_sent_total"), 0, "{report}");
     assert_eq!(get("host_picks_total"), 0, "{report}");
-    let estimate_ms = get("shadow_p99_us") as f64 / 1000.0;
-    let delay_ms = get("hedge_delay_us") as f64 / 1000.0;
+    let estimate_ms = get("shadow_p99_microseconds") as f64 / 1000.0;
+    let delay_ms = get("hedge_delay_microseconds") as f64 / 1000.0;
     eprintln!(
         "shadow: p99 {:.1} ms unhedged, {estimate_ms:.1} ms estimated with hedging after {delay_ms:.1} ms; {hedges} would-be hedges of {armed}",
         run.ms(0.99)
@@ -248,7 +249,7 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
     let sent = get("hedges_sent_total");
     eprintln!(
         "route expensive: {sent} hedges sent for {requests} requests, delay {} us; backend: {}",
-        get("hedge_delay_us"),
+        get("hedge_delay_microseconds"),
         envoy.filter_stats("backend")
     );
     // p50 with a 60% budget: about half; the cluster's p92 would be < 10%

@@ -957,11 +957,23 @@ mod tests {
     }
 
     fn with_hosts(request: &Request, config: &Config, hosts: &Hosts, random: u64) -> Plan {
+        with_hosts_armed(request, config, hosts, random, None)
+    }
+
+    /// `with_hosts`, with the worker's armed requests to the cluster.
+    fn with_hosts_armed(
+        request: &Request,
+        config: &Config,
+        hosts: &Hosts,
+        random: u64,
+        armed: Option<&ArmedRequests>,
+    ) -> Plan {
         let policy = (*config.defaults).clone();
         let budget = funded(&policy);
         let view = ClusterView {
             hosts: Some(hosts),
             random,
+            armed,
             ..view_of(&policy, &budget)
         };
         plan(request, config, Cluster::Tracked(view))
@@ -1013,55 +1025,61 @@ mod tests {
         assert!(matches!(p.decision, Decision::Arm(_)));
     }
 
-    /// A host that host choice sends nothing (here on probation) while one
-    /// of this worker's attempts there fires gets the next request: with
-    /// local-origin errors split only a new stream resets outlier
-    /// detection's count. Unarmed (without the split its own timeout would
-    /// be the next 504 in a row there); once: the attempt named there
-    /// resets what this worker counts. In a brownout (a stale delay) any
-    /// host; in steady traffic only a host on probation.
+    /// Once the delay is stale (a brownout), a host whose armed attempt of
+    /// this worker fired since the worker last started one there gets the
+    /// next request: with local-origin errors split only a new stream
+    /// resets outlier detection's count. Unarmed (without the split its own
+    /// timeout would be the next 504 in a row there); once: the attempt
+    /// named there resets what this worker counts. Not in steady traffic.
     #[test]
-    fn a_host_whose_attempts_keep_firing_gets_a_fresh_attempt() {
+    fn in_a_brownout_a_host_whose_attempts_fired_gets_a_fresh_attempt() {
+        const MS: u64 = 1_000_000;
         let mut hosts = three_hosts();
         let random = u64::MAX / 3;
-        let on_probation = 2; // c:1, 30x slower
-        for r in 1..64u64 {
-            let p = with_hosts(&GET, &Config::default(), &hosts, r.wrapping_mul(random));
-            assert!(p.hosts.is_none_or(|h| h.primary != 2 && h.hedge != Some(2)));
-        }
-        hosts.timed_out(on_probation, 10);
-        let p = with_hosts(&GET, &Config::default(), &hosts, random);
-        assert_eq!(p.decision, Decision::Skip(Skip::Paced));
-        assert_eq!(
-            p.hosts.map(|h| (h.primary, h.hedge)),
-            Some((on_probation, None))
-        );
-        hosts.attempt_started(on_probation, 30);
-        let p = with_hosts(&GET, &Config::default(), &hosts, random);
-        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
-        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
-        // a timeout that fired before that attempt started was reset by it
-        hosts.timed_out(on_probation, 25);
-        let p = with_hosts(&GET, &Config::default(), &hosts, random);
-        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
-        // without the pacing rule, nothing of the kind
-        let config = Config::parse(br#"{"outlier_pacing": false}"#).unwrap();
-        hosts.timed_out(on_probation, 40);
-        let p = with_hosts(&GET, &config, &hosts, random);
-        assert_ne!(p.hosts.map(|h| h.primary), Some(on_probation));
-        let p = with_hosts(&GET, &Config::default(), &hosts, random);
-        assert_eq!(p.hosts.map(|h| h.primary), Some(on_probation));
-        // in steady traffic a host in good standing whose primary fired
-        // is left to host choice, which sends it attempts soon enough
-        hosts.attempt_started(on_probation, 50);
+        let steady = ArmedRequests::default();
         let pick = with_hosts(&GET, &Config::default(), &hosts, random)
             .hosts
             .unwrap();
         let other = (0..2).find(|&id| id != pick.primary).unwrap();
-        hosts.timed_out(other, 60);
-        let p = with_hosts(&GET, &Config::default(), &hosts, random);
+        // steady: a timeout on a host leaves the choice to host choice
+        hosts.timed_out(other, 10);
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&steady));
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
         assert_eq!(p.hosts, Some(pick));
+        // a brownout: primaries fire one after another (their hedges
+        // start on `other`)
+        let mut stale = ArmedRequests::default();
+        for i in 0..3 {
+            stale.armed((20 + i) * MS, 10 * MS, Some(pick));
+        }
+        stale.fire(23 * MS, &mut hosts);
+        assert!(stale.stale());
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&stale));
+        assert_eq!(p.decision, Decision::Skip(Skip::Paced));
+        assert_eq!(
+            p.hosts.map(|h| (h.primary, h.hedge)),
+            Some((pick.primary, None)),
+            "three fired there"
+        );
+        hosts.attempt_started(pick.primary, 24 * MS);
+        hosts.timed_out(other, 24 * MS);
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&stale));
+        assert_eq!(p.hosts.map(|h| (h.primary, h.hedge)), Some((other, None)));
+        // once: the attempt named there resets this worker's count
+        hosts.attempt_started(other, 25 * MS);
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&stale));
+        assert_eq!(p.hosts.map(|h| h.primary), Some(pick.primary));
+        // a timeout that fired before that attempt started was reset by it
+        hosts.timed_out(other, 24 * MS + 500_000);
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&stale));
+        assert_eq!(p.hosts.map(|h| h.primary), Some(pick.primary));
+        // without the pacing rule, nothing of the kind
+        hosts.timed_out(other, 30 * MS);
+        let config = Config::parse(br#"{"outlier_pacing": false}"#).unwrap();
+        let p = with_hosts_armed(&GET, &config, &hosts, random, Some(&stale));
+        assert_ne!(p.hosts.map(|h| h.primary), Some(other));
+        let p = with_hosts_armed(&GET, &Config::default(), &hosts, random, Some(&stale));
+        assert_eq!(p.hosts.map(|h| h.primary), Some(other));
     }
 
     #[test]

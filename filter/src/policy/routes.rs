@@ -28,7 +28,7 @@ metric_set! {
     /// Per route: `adaptive_hedge.<metric>.<cluster>.route.<route>`.
     pub enum RouteMetric {
         /// The route's own delay; 0 while it uses the cluster's.
-        HedgeDelayUs = ("route_hedge_delay_us", Gauge),
+        HedgeDelayUs = ("route_hedge_delay_microseconds", Gauge),
     }
 }
 

@@ -28,10 +28,11 @@
 //!   timeout standing or attempt pending is held back.
 //!
 //! And since, with local-origin errors split, only a new stream to a host
-//! resets outlier detection's count, a host whose armed attempts fired
-//! since this worker last started one there gets the worker's next
-//! request (`Hosts::needs_fresh_attempt`): host choice may otherwise send
-//! it nothing while they fire (on probation, or the worst of the draw).
+//! resets outlier detection's count, once the delay is stale a host whose
+//! armed attempts fired since this worker last started one there, and
+//! that has not answered since, gets the worker's next request, unarmed
+//! (`Hosts::needs_fresh_attempt`): host choice may otherwise send it
+//! nothing while they fire (held back, or the worst of the draw).
 //!
 //! Measured through Envoy (tests/mesh.rs, three hosts 10x slower at once,
 //! `consecutive_5xx: 5`): all three hosts ejected before; with the split

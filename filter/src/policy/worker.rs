@@ -81,7 +81,16 @@ metric_set! {
         /// Hedges the router sent although the response came before their
         /// delay (its timers fire early on a busy event loop; see `settle`).
         EarlyHedges = ("early_hedges_total", Counter),
-        HedgeDelayUs = ("hedge_delay_us", Gauge),
+        HedgeDelayUs = ("hedge_delay_microseconds", Gauge),
+        /// 0 while the delay is the learned quantile; 1 while it is held at
+        /// `min_delay`, 2 at `max_delay` (the quantile is past the bound:
+        /// the bound, not the latency, decides when requests hedge).
+        HedgeDelayClamped = ("hedge_delay_clamped", Gauge),
+        /// Hedges that answered first: a later attempt answered, the
+        /// primary's host did not, after the delay. Counted where the
+        /// filter chose the hosts (only then is the answering attempt
+        /// known).
+        HedgesWon = ("hedges_won_total", Counter),
         WindowSamples = ("window_samples", Gauge),
         /// Requests whose host the filter chose (`host_choice`).
         HostPicks = ("host_picks_total", Counter),
@@ -99,7 +108,7 @@ metric_set! {
         /// window's latency would have had with them (µs).
         ShadowArmed = ("shadow_armed_total", Counter),
         ShadowHedges = ("shadow_hedges_total", Counter),
-        ShadowP99Us = ("shadow_p99_us", Gauge),
+        ShadowP99Us = ("shadow_p99_microseconds", Gauge),
     }
 }
 
@@ -176,7 +185,7 @@ pub struct ClusterState {
     /// Untracked, and asked for since the last tick.
     wants_slot: bool,
     /// `mode: shadow`: the p99 the window would have had with hedging.
-    shadow_p99_us: Option<f64>,
+    shadow_p99_microseconds: Option<f64>,
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
     /// The cluster's hosts (`host_choice`).
@@ -205,7 +214,7 @@ impl ClusterState {
             requests_this_tick: 0,
             timer: TimerSlack::default(),
             sent_unsynced: 0,
-            shadow_p99_us: None,
+            shadow_p99_microseconds: None,
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
@@ -230,7 +239,7 @@ impl ClusterState {
         self.samples.clear();
         self.requests_unsynced = 0;
         self.sent_unsynced = 0;
-        self.shadow_p99_us = None;
+        self.shadow_p99_microseconds = None;
         self.shared_bytes = 0;
         self.routes = Routes::default();
     }
@@ -690,6 +699,7 @@ impl Worker {
                     state.hosts.observe_bound(p.primary, latency);
                     if let Some(d) = per_try_us.filter(|&d| latency_us >= d) {
                         state.hosts.observe(winner, (latency_us - d) as f64);
+                        state.metrics.add(ClusterMetric::HedgesWon, 1);
                     }
                 }
                 // hedged, but which attempt answered is not known
@@ -1028,7 +1038,7 @@ impl Worker {
             censored_at,
         )
         .map(|d| state.timer.apply(d, &state.policy));
-        state.shadow_p99_us = match (state.policy.mode, state.hedge_delay) {
+        state.shadow_p99_microseconds = match (state.policy.mode, state.hedge_delay) {
             // in shadow mode the window's samples are unhedged
             (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
             _ => None,
@@ -1100,10 +1110,20 @@ impl Worker {
                 state.hedge_delay.map_or(0, |d| d.delay_us),
                 state.window_samples,
             );
+            let clamped = state.hedge_delay.map_or(0, |d| {
+                if d.delay_us >= state.policy.max_delay.as_micros() as u64 {
+                    2
+                } else if d.delay_us <= state.policy.min_delay.as_micros() as u64 {
+                    1
+                } else {
+                    0
+                }
+            });
             let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
-            let shadow_p99 = state.shadow_p99_us.map(|us| us.round() as u64);
+            let shadow_p99 = state.shadow_p99_microseconds.map(|us| us.round() as u64);
             state.metrics.flush(sink, Some(&state.name), |m| match m {
                 ClusterMetric::HedgeDelayUs => Some(delay),
+                ClusterMetric::HedgeDelayClamped => Some(clamped),
                 ClusterMetric::WindowSamples => Some(samples),
                 ClusterMetric::HostsTracked => Some(hosts.tracked as u64),
                 ClusterMetric::HostsOnProbation => Some(hosts.on_probation as u64),
@@ -1724,8 +1744,9 @@ mod tests {
         assert_eq!(get("ineligible_total"), 201); // 200 warming up + POST
         assert_eq!(get("budget_exhausted_total"), 0);
         assert_eq!(get("window_samples"), 200);
-        let delay = get("hedge_delay_us");
+        let delay = get("hedge_delay_microseconds");
         assert!((4900..=5100).contains(&delay), "{delay}");
+        assert_eq!(get("hedge_delay_clamped"), 0);
         // a second flush adds nothing
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.requests_total.c"), Some(203));
@@ -1933,7 +1954,9 @@ mod tests {
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.early_hedges_total.c"), Some(30));
         // the learned delay itself is untouched
-        let delay = stats.get("adaptive_hedge.hedge_delay_us.c").unwrap();
+        let delay = stats
+            .get("adaptive_hedge.hedge_delay_microseconds.c")
+            .unwrap();
         assert!((2900..=3100).contains(&delay), "{delay}");
     }
 
@@ -2169,10 +2192,15 @@ mod tests {
         let hosts = w.cluster(0).unwrap().hosts();
         let h2 = hosts.iter_known().find(|h| h.address == "h2").unwrap();
         assert!(h2.probation, "{h2:?}");
+        // retries after a fast failure, not hedges that won
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.hedges_won_total.c"), Some(0));
         // healthy hosts: hedged requests (one in ten) whose primaries lose
         // half the races, evenly spread: nobody on probation
         let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
         three_known_hosts(&mut w, &store, &mut log);
+        let mut won = 0;
         for i in 0..300 {
             let plan = w.plan(Some(b"c"), None, &GET);
             let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
@@ -2183,6 +2211,7 @@ mod tests {
                 10 => (pick.primary, 2),
                 _ => (pick.primary, 1),
             };
+            won += u64::from(winner != pick.primary);
             let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
             answer(
                 &mut w,
@@ -2198,6 +2227,11 @@ mod tests {
         w.sync(T0 + 400, &store, &mut log);
         let hosts = w.cluster(0).unwrap().hosts();
         assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 0);
+        // the hedges that answered first, after the delay
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert!(won > 5, "{won}");
+        assert_eq!(stats.get("adaptive_hedge.hedges_won_total.c"), Some(won));
     }
 
     #[test]

@@ -637,7 +637,7 @@ mod tests {
         assert_eq!(stat(&host, "shadow_hedges_total"), 1);
         assert_eq!(stat(&host, "hedges_armed_total"), 0);
         assert_eq!(stat(&host, "hedges_sent_total"), 0);
-        assert!(stat(&host, "shadow_p99_us") > 0);
+        assert!(stat(&host, "shadow_p99_microseconds") > 0);
     }
 
     /// `route_retries`: the route's retries are not lowered by arming.
@@ -760,7 +760,7 @@ mod tests {
         plugin.on_tick();
         let gauge = |route: &str| {
             host.stat(&format!(
-                "adaptive_hedge.route_hedge_delay_us.backend.route.{route}"
+                "adaptive_hedge.route_hedge_delay_microseconds.backend.route.{route}"
             ))
         };
         assert!(gauge("lookup").is_some_and(|us| (1_950..2_050).contains(&us)));
@@ -971,7 +971,7 @@ mod tests {
         plugin.on_tick();
         plugin.on_tick();
         assert_eq!(stat(&host, "window_samples"), 1);
-        let delay = stat(&host, "hedge_delay_us") as f64;
+        let delay = stat(&host, "hedge_delay_microseconds") as f64;
         assert!((delay / 50_000.0 - 1.0).abs() < 0.01, "{delay}");
     }
 
@@ -991,7 +991,7 @@ mod tests {
         r.on_response_body(5, false);
         plugin.on_tick();
         plugin.on_tick();
-        let delay = stat(&host, "hedge_delay_us") as f64;
+        let delay = stat(&host, "hedge_delay_microseconds") as f64;
         assert!((delay / 301_000.0 - 1.0).abs() < 0.01, "{delay}");
         for _ in 0..20 {
             exchange(&host, &plugin, GET, 300, 1);

@@ -329,11 +329,11 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
             // the route's own delay once it has one, else the cluster's
             (true, Some(e)) => e
                 .filter_stat(
-                    "route_hedge_delay_us",
+                    "route_hedge_delay_microseconds",
                     &format!("{}.route.{}", t.cluster, t.route),
                 )
                 .filter(|us| *us > 0)
-                .or_else(|| e.filter_stat("hedge_delay_us", t.cluster))
+                .or_else(|| e.filter_stat("hedge_delay_microseconds", t.cluster))
                 .map(|us| us as f64 / 1000.0),
             _ => None,
         })
@@ -394,7 +394,8 @@ fn sample_timeline(
         last = Some((extra, requests));
         points.push(TimelinePoint {
             t_s: start.elapsed().as_secs_f64(),
-            delay_ms: get("wasmcustom.adaptive_hedge.hedge_delay_us.backend") as f64 / 1000.0,
+            delay_ms: get("wasmcustom.adaptive_hedge.hedge_delay_microseconds.backend") as f64
+                / 1000.0,
             hedge_rate,
         });
     }

@@ -102,5 +102,5 @@ pub fn hosts_of(reply: &load::Reply) -> (Option<&str>, Option<&str>) {
 /// The learned delay of a cluster in milliseconds (from the gauge, once a
 /// worker has flushed one).
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
-    envoy.flushed_filter_stat("hedge_delay_us", cluster, 1) as f64 / 1000.0
+    envoy.flushed_filter_stat("hedge_delay_microseconds", cluster, 1) as f64 / 1000.0
 }
