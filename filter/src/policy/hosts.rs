@@ -414,18 +414,24 @@ impl Hosts {
 
     /// On the tick: the hosts missed every time they were named (at least
     /// twice) while the others named were followed are unreachable; what
-    /// remains (checks, misses) is for the cluster's `OverrideCheck`.
+    /// remains (checks, misses) is for the cluster's `OverrideCheck`. A
+    /// host named once and missed, beside hosts followed, is no verdict on
+    /// either: at a few requests per tick a removed host is often named
+    /// once, and counted for the cluster its misses put one host of four
+    /// at the cluster's threshold (a quarter), which blamed the cluster in
+    /// 1 run of 5 (tests/hosts.rs).
     pub fn take_override_checks(&mut self) -> (u32, u32) {
         let named = self.hosts.iter().filter(|h| h.named > 0).count();
         let missed = self.hosts.iter().filter(|h| h.missed > 0).count();
         let lost = |h: &Host| h.named >= 2 && h.missed == h.named;
-        let concentrated = missed > 0
-            && missed * 2 <= named
-            && self.hosts.iter().filter(|h| h.missed > 0).all(lost);
+        let few_missed = missed > 0 && missed * 2 <= named;
+        let concentrated = few_missed && self.hosts.iter().filter(|h| h.missed > 0).all(lost);
         let (mut checks, mut misses) = (0, 0);
         for h in self.hosts.iter_mut() {
             if concentrated && h.missed > 0 {
                 h.unreachable = true;
+            } else if few_missed && h.named == 1 && h.missed == 1 {
+                // no verdict
             } else {
                 checks += h.named;
                 misses += h.missed;
@@ -971,11 +977,18 @@ mod tests {
         }
         assert_eq!(hosts.take_override_checks(), (12, 8));
         assert!((0..4).all(|id| hosts.get(id).unwrap().known()));
-        // a single miss is no verdict on a host
+        // a single miss beside hosts followed is no verdict on the host,
+        // nor on the cluster
         hosts.record_override(0, false);
         hosts.record_override(1, true);
         hosts.record_override(2, true);
-        assert_eq!(hosts.take_override_checks(), (3, 1));
+        assert_eq!(hosts.take_override_checks(), (2, 0));
+        assert!(hosts.get(0).unwrap().known());
+        // single misses on most named hosts are the cluster's
+        hosts.record_override(0, false);
+        hosts.record_override(1, false);
+        hosts.record_override(2, true);
+        assert_eq!(hosts.take_override_checks(), (3, 2));
     }
 
     #[test]
