@@ -570,7 +570,7 @@ fn metric_names_in(text: &str) -> Vec<String> {
         let end = after
             .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
             .unwrap_or(after.len());
-        if !before.ends_with("envoy_wasm_") && !before.ends_with('-') {
+        if !before.ends_with("envoy_wasm_") {
             names.push(after[..end].to_string());
         }
         rest = &after[end..];

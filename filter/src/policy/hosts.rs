@@ -371,12 +371,15 @@ impl Hosts {
     /// host gets new streams anyway, and fresh attempts, unarmed, cost
     /// requests their hedge: client errors +17% against +2-8% without).
     pub fn needs_fresh_attempt(&self, stale: bool) -> Option<HostId> {
+        // per request: steady traffic reads no host
+        if !stale {
+            return None;
+        }
         self.hosts
             .iter()
             .enumerate()
             .filter(|(_, h)| {
-                stale
-                    && h.known()
+                h.known()
                     && h.timeouts_since_attempt >= FRESH_ATTEMPT_AFTER
                     && h.timeouts_unanswered > 0
             })
