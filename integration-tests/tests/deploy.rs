@@ -19,7 +19,7 @@ use common::deploy::{
     MANIFESTS,
 };
 use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// A manifest's plugin config through the filter's own validation: what
 /// Envoy would refuse fails here, naming the field.
@@ -418,7 +418,7 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
         ),
         adaptive_hedge::headers::ENDPOINT_HEADER
     );
-    let mut bootstrap: Value = serde_yaml::from_str(
+    let mut bootstrap: Value = serde_norway::from_str(
         &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-baseline.yaml")).unwrap(),
     )
     .unwrap();
@@ -427,7 +427,7 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     cluster["load_balancing_policy"] = policy.clone();
     envoy_validates(
         "istio-host-choice",
-        &serde_yaml::to_string(&bootstrap).unwrap(),
+        &serde_norway::to_string(&bootstrap).unwrap(),
     );
     // Retry back-off: added to the hedge delay, 25 ms by default; set on
     // the proxies that carry the plugin only (the gateway's by its
@@ -517,7 +517,7 @@ fn gateway_manifests_configure_the_filter_and_what_hedging_needs() {
 #[test]
 fn the_metrics_cluster_label_is_shipped_for_every_install() {
     let stats_tags = |bootstrap: &Value| bootstrap["stats_config"]["stats_tags"].clone();
-    let plain: Value = serde_yaml::from_str(
+    let plain: Value = serde_norway::from_str(
         &std::fs::read_to_string(repo_root().join("envoy-configs/envoy.yaml")).unwrap(),
     )
     .unwrap();
@@ -546,16 +546,16 @@ fn the_metrics_cluster_label_is_shipped_for_every_install() {
         ));
     }
     assert_eq!(shipped.len(), 4, "two Istio namespaces, two EnvoyProxy");
-    let baseline: Value = serde_yaml::from_str(
+    let baseline: Value = serde_norway::from_str(
         &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-baseline.yaml")).unwrap(),
     )
     .unwrap();
     for (name, text) in shipped {
-        let added: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let added: Value = serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(stats_tags(&added), expected, "{name}");
         let mut bootstrap = baseline.clone();
         bootstrap["stats_config"] = added["stats_config"].clone();
-        envoy_validates("stats-tags", &serde_yaml::to_string(&bootstrap).unwrap());
+        envoy_validates("stats-tags", &serde_norway::to_string(&bootstrap).unwrap());
     }
 }
 
@@ -719,7 +719,7 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
         proxy,
         "spec.provider.kubernetes.envoyDeployment.container.volumeMounts.0.mountPath",
     );
-    assert!(serde_yaml::to_string(&gateway_options)
+    assert!(serde_norway::to_string(&gateway_options)
         .unwrap()
         .contains(mount));
 
@@ -735,13 +735,13 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
                     .is_some(),
             "{name}: the patch selects no protocol"
         );
-        let mut bootstrap: Value = serde_yaml::from_str(
+        let mut bootstrap: Value = serde_norway::from_str(
             &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-streaming.yaml"))
                 .unwrap(),
         )
         .unwrap();
         bootstrap["static_resources"]["clusters"][0]["typed_extension_protocol_options"] = options;
-        let text = serde_yaml::to_string(&bootstrap)
+        let text = serde_norway::to_string(&bootstrap)
             .unwrap()
             .replace(
                 "filename: build/",

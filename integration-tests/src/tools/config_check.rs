@@ -10,7 +10,7 @@
 
 use adaptive_hedge::policy::config::{Config, LatencySignal, Role};
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// What a file's check found.
 #[derive(Debug, Default)]
@@ -28,7 +28,7 @@ pub struct Report {
 pub fn check(text: &str) -> Report {
     let mut report = Report::default();
     let mut first_byte = false;
-    for (n, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (n, document) in serde_norway::Deserializer::from_str(text).enumerate() {
         let value = match Value::deserialize(document) {
             Ok(v) => v,
             Err(e) => {
@@ -108,7 +108,7 @@ fn walk(
 /// Gateway `EnvoyExtensionPolicy` wasm entry.
 fn plugin_config(value: &Value, kind: &str) -> Option<String> {
     let ours = |v: &Value| {
-        serde_yaml::to_string(v)
+        serde_norway::to_string(v)
             .is_ok_and(|t| t.contains("adaptive_hedge") || t.contains("adaptive-hedge"))
     };
     // (kind, a key only its wasm entry has, the key of the plugin config)

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use integration_tests::harness::envoy::{self, repo_root};
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 use sha2::{Digest, Sha256};
 
 pub const ENVOY_VERSION: &str = "1.40.0";
@@ -32,7 +32,7 @@ pub fn run(cmd: &mut Command) -> String {
 pub fn yaml_docs(relative: &str) -> Vec<Value> {
     let path = repo_root().join(relative);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{relative}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{relative}: {e}")))
         .filter(|v| !v.is_null())
         .collect()
