@@ -196,6 +196,22 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     let slow = value("adaptive_hedge_hedge_delay_microseconds", "backend-b") / 1000.0;
     assert!((10.0..15.0).contains(&fast), "backend delay {fast} ms");
     assert!((20.0..40.0).contains(&slow), "backend-b delay {slow} ms");
+    // the window's quantiles beside them: backend-b answers in a fixed
+    // 20 ms, backend in a few
+    let quantiles = |cluster: &str| {
+        ["p50", "p90", "p99"]
+            .map(|q| value(&format!("adaptive_hedge_latency_{q}_microseconds"), cluster) / 1000.0)
+    };
+    let [p50, p90, p99] = quantiles("backend-b");
+    assert!(
+        (19.0..30.0).contains(&p50) && p50 <= p90 && p90 <= p99,
+        "backend-b latency p50/p90/p99 {p50}/{p90}/{p99} ms"
+    );
+    let [p50, _, p99] = quantiles("backend");
+    assert!(
+        p50 > 0.0 && p50 < 19.0 && p50 <= p99,
+        "backend latency p50/p99 {p50}/{p99} ms"
+    );
     // the worker-wide counters too
     assert!(
         prom.contains("adaptive_hedge_shared_state_resets_total"),

@@ -109,6 +109,11 @@ metric_set! {
         ShadowArmed = ("shadow_armed_total", Counter),
         ShadowHedges = ("shadow_hedges_total", Counter),
         ShadowP99Us = ("shadow_p99_microseconds", Gauge),
+        /// Quantiles of the window's latency (all workers): what clients
+        /// got, hedges included, beside the delay learned from it.
+        LatencyP50Us = ("latency_p50_microseconds", Gauge),
+        LatencyP90Us = ("latency_p90_microseconds", Gauge),
+        LatencyP99Us = ("latency_p99_microseconds", Gauge),
     }
 }
 
@@ -186,6 +191,8 @@ pub struct ClusterState {
     wants_slot: bool,
     /// `mode: shadow`: the p99 the window would have had with hedging.
     shadow_p99_microseconds: Option<f64>,
+    /// The window's p50, p90, p99 (µs) at the last sync; 0 while empty.
+    latency_quantiles_us: [u64; 3],
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
     /// The cluster's hosts (`host_choice`).
@@ -215,6 +222,7 @@ impl ClusterState {
             timer: TimerSlack::default(),
             sent_unsynced: 0,
             shadow_p99_microseconds: None,
+            latency_quantiles_us: [0; 3],
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
@@ -240,6 +248,7 @@ impl ClusterState {
         self.requests_unsynced = 0;
         self.sent_unsynced = 0;
         self.shadow_p99_microseconds = None;
+        self.latency_quantiles_us = [0; 3];
         self.shared_bytes = 0;
         self.routes = Routes::default();
     }
@@ -1026,6 +1035,8 @@ impl Worker {
         state.shared_bytes = shared.bytes;
         let window = shared.value.window.snapshot(now_ms);
         state.window_samples = window.count();
+        state.latency_quantiles_us =
+            LATENCY_QUANTILES.map(|q| window.quantile(q).map_or(0, |us| us.round() as u64));
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
         state.timer.tick(1.0 - trigger_quantile(&state.policy));
@@ -1121,6 +1132,7 @@ impl Worker {
             });
             let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
             let shadow_p99 = state.shadow_p99_microseconds.map(|us| us.round() as u64);
+            let [p50, p90, p99] = state.latency_quantiles_us;
             state.metrics.flush(sink, Some(&state.name), |m| match m {
                 ClusterMetric::HedgeDelayUs => Some(delay),
                 ClusterMetric::HedgeDelayClamped => Some(clamped),
@@ -1132,12 +1144,18 @@ impl Worker {
                 }
                 ClusterMetric::HostChoiceIgnored => Some(u64::from(ignored)),
                 ClusterMetric::ShadowP99Us => shadow_p99,
+                ClusterMetric::LatencyP50Us => Some(p50),
+                ClusterMetric::LatencyP90Us => Some(p90),
+                ClusterMetric::LatencyP99Us => Some(p99),
                 _ => None,
             });
             state.routes.flush_metrics(sink, &state.name);
         }
     }
 }
+
+/// The window quantiles exported as gauges (`latency_p50_microseconds`...).
+const LATENCY_QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
 /// Timed armed requests settled before a verdict on the timer; early hedges
 /// must be above `EARLY_TOO_MANY` of them, and all hedges above
@@ -1347,6 +1365,32 @@ mod tests {
     fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
         w.plan(Some(cluster), None, &Request { method, ..GET })
             .decision
+    }
+
+    #[test]
+    fn latency_gauges_are_the_window_s_quantiles() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 100}"#));
+        let mut log = Lines::default();
+        w.sync(T0, &store, &mut log);
+        // 0.1 ms to 100 ms, evenly: p50 50 ms, p90 90 ms, p99 99 ms
+        for i in 1..=1000 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            w.on_response(plan.cluster.unwrap(), plan.route, i * 100);
+            if let Some(s) = plan.settlement() {
+                w.settle(s, Some(1), None, None);
+            }
+        }
+        w.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        let get = |name: &str| stats.get(&format!("adaptive_hedge.{name}.c")).unwrap();
+        let samples = get("window_samples");
+        assert!(samples >= 500, "{samples}");
+        for (q, truth) in [("p50", 50_000.0), ("p90", 90_000.0), ("p99", 99_000.0)] {
+            let us = get(&format!("latency_{q}_microseconds")) as f64;
+            assert!((us / truth - 1.0).abs() < 0.04, "{q}: {us} µs");
+        }
     }
 
     #[test]
@@ -1747,6 +1791,10 @@ mod tests {
         let delay = get("hedge_delay_microseconds");
         assert!((4900..=5100).contains(&delay), "{delay}");
         assert_eq!(get("hedge_delay_clamped"), 0);
+        for q in ["p50", "p90", "p99"] {
+            let us = get(&format!("latency_{q}_microseconds"));
+            assert!((4900..=5100).contains(&us), "{q}: {us}");
+        }
         // a second flush adds nothing
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.requests_total.c"), Some(203));
