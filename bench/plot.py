@@ -94,8 +94,37 @@ def frontier_charts(folder, groups):
     return written
 
 
+def fanout_chart(folder):
+    """fanout.png from `make demo DEMO=fanout`: the front end's p50 and p99
+    against the number of backends it waits for, per configuration, with
+    each configuration's extra load in the legend."""
+    path = folder / "fanout.json"
+    if not path.exists():
+        return
+    rows = json.loads(path.read_text())["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, q in zip(axes, ["p50", "p99"]):
+        for name in dict.fromkeys(r["configuration"] for r in rows):
+            mine = sorted((r for r in rows if r["configuration"] == name), key=lambda r: r["fanout"])
+            extra = max(r["extra_load"] for r in mine) * 100
+            ax.plot([r["fanout"] for r in mine], [r[q + "_ms"] for r in mine], marker="o",
+                    label=f"{name} (extra load up to {extra:.1f}%)")
+        ax.set_xscale("log")
+        ax.set_xlabel("backends per front-end request (N)")
+        ax.set_title(f"front end {q}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("ms")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    out = folder / "fanout.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
 def main(folder):
     folder = Path(folder)
+    fanout_chart(folder)
     results = folder / "results.json"
     if not results.exists():
         # BENCH_ONLY=... prints its section and writes no results.json

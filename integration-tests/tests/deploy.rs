@@ -360,6 +360,33 @@ fn compose_services_work_natively() {
         "the filter armed nothing: {}",
         envoy.filter_stats("backend")
     );
+    // the fan-out profile's front end, with its compose arguments (fewer
+    // requests): each of its requests is 10 calls through Envoy
+    let doc = compose_file();
+    let mut args: Vec<String> = doc["services"]["load-fanout"]["command"]
+        .as_sequence()
+        .expect("load-fanout command")
+        .iter()
+        .skip(1)
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    let value_of = |args: &[String], flag: &str| -> usize {
+        args.iter().position(|a| a == flag).expect(flag) + 1
+    };
+    let at = value_of(&args, "--url");
+    args[at] = envoy.url("/");
+    let at = value_of(&args, "--requests");
+    args[at] = "40".into();
+    let at = value_of(&args, "--rounds");
+    args[at] = "1".into();
+    let fanout: u64 = args[value_of(&args, "--fanout")].parse().expect("fanout");
+    assert!(fanout >= 10, "{args:?}");
+    let out = run(Command::new(env!("CARGO_BIN_EXE_load")).args(&args));
+    assert!(
+        out.contains(&format!("waiting for {fanout} calls")) && out.contains("ok=40 errors=0"),
+        "{out}"
+    );
+    assert!(envoy.requests_seen("backend", 400 + 40 * fanout as i64) >= 400 + 40 * fanout as i64);
     envoy.assert_no_vm_failure();
     drop(sim);
 }

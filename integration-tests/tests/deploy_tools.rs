@@ -38,7 +38,11 @@ fn tool(name: &str) -> PathBuf {
 #[test]
 fn docker_compose_accepts_the_compose_file() {
     let compose = tool("docker-compose");
-    for profile in [&[][..], &["--profile", "streaming"]] {
+    for profile in [
+        &[][..],
+        &["--profile", "streaming"],
+        &["--profile", "fanout"],
+    ] {
         run(Command::new(&compose)
             .current_dir(repo_root())
             .args(profile)
@@ -129,6 +133,25 @@ fn two_clean_builds_give_the_same_image_digest() {
         .arg(&target));
     let rebuilt = target.join("wasm32-unknown-unknown/release/adaptive_hedge.wasm");
     let made = envoy::wasm_path();
+    // No path of this machine in the bytes (panic locations): only the
+    // remapped cargo home, the compiler's own /rustc/<hash>, and paths
+    // relative to the workspace. What makes the Dockerfile's build (another
+    // cargo home, /src) give the same bytes, short of running Docker.
+    let bytes = std::fs::read(&rebuilt).expect("rebuilt");
+    for local in [
+        cargo_home.as_str(),
+        &root.display().to_string(),
+        &sources.display().to_string(),
+    ] {
+        assert!(
+            !bytes.windows(local.len()).any(|w| w == local.as_bytes()),
+            "{local} is in the wasm: the build depends on where it runs"
+        );
+    }
+    assert!(
+        bytes.windows(7).any(|w| w == b"/cargo/"),
+        "no remapped dependency path in the wasm: was the remap applied?"
+    );
     assert!(
         std::fs::read(&rebuilt).expect("rebuilt") == std::fs::read(&made).expect("make build"),
         "{} and {} differ: the build is not reproducible",
@@ -203,6 +226,7 @@ fn kustomize_installs_render_the_manifests_and_their_values() {
         let configs: Vec<&str> = match install {
             "istio" => {
                 values["hedgedService"] = "search.shop.svc.cluster.local".into();
+                values["hedgedPort"] = 9090.into();
                 vec!["gateway.pluginConfig", "sidecars.pluginConfig"]
             }
             _ => {
@@ -237,6 +261,7 @@ fn kustomize_installs_render_the_manifests_and_their_values() {
             .arg(&rendered));
         assert!(!checked.contains("not checked"), "{checked}");
         let mut plugins = 0;
+        let mut host_choice_patched = install != "istio";
         for doc in &docs {
             let (config, image_url, image_sha) = match doc["kind"].as_str() {
                 Some("WasmPlugin") => (
@@ -262,6 +287,13 @@ fn kustomize_installs_render_the_manifests_and_their_values() {
                     assert_eq!(str_at(doc, "spec.host"), "search.shop.svc.cluster.local");
                     continue;
                 }
+                Some("EnvoyFilter") if str_at(doc, "metadata.name").ends_with("host-choice") => {
+                    let cluster = get(doc, "spec.configPatches.0.match.cluster");
+                    assert_eq!(str_at(cluster, "service"), "search.shop.svc.cluster.local");
+                    assert_eq!(cluster["portNumber"].as_u64(), Some(9090));
+                    host_choice_patched = true;
+                    continue;
+                }
                 _ => continue,
             };
             plugins += 1;
@@ -277,6 +309,10 @@ fn kustomize_installs_render_the_manifests_and_their_values() {
             drop(parsed);
         }
         assert_eq!(plugins, configs.len(), "{install}: plugins rendered");
+        assert!(
+            host_choice_patched,
+            "{install}: the host-choice patch follows the service"
+        );
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }

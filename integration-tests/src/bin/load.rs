@@ -2,10 +2,13 @@
 //! load generator of the docker-compose demo and of `make run`.
 //!
 //!     load --url http://127.0.0.1:10000/ [--rate 200] [--requests 2000] [--rounds 0]
+//!          [--fanout N]
 //!
 //! `--rounds 0` repeats until stopped (SIGINT/SIGTERM). Each round sends
 //! `--requests` requests at `--rate` per second whatever the responses do,
-//! and times each from its scheduled start.
+//! and times each from its scheduled start. `--fanout N`: each request is a
+//! front end's, calling the URL N times in parallel and done when all have
+//! answered (`--rate` and `--requests` count front-end requests).
 
 use std::time::Duration;
 
@@ -13,7 +16,7 @@ use integration_tests::harness::load;
 
 fn main() {
     let mut url = "http://127.0.0.1:10000/".to_string();
-    let (mut rate, mut requests, mut rounds) = (200.0f64, 2_000u64, 0u64);
+    let (mut rate, mut requests, mut rounds, mut fanout) = (200.0f64, 2_000u64, 0u64, 0u64);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().unwrap_or_default();
@@ -22,6 +25,7 @@ fn main() {
             "--rate" => rate = number(&flag, &value),
             "--requests" => requests = number(&flag, &value),
             "--rounds" => rounds = number(&flag, &value),
+            "--fanout" => fanout = number(&flag, &value),
             _ => fail(&format!("unknown argument {flag:?}")),
         }
     }
@@ -39,12 +43,26 @@ fn main() {
         let mut round = 0u64;
         while rounds == 0 || round < rounds {
             round += 1;
-            let run = load::open_loop(&client, &url, rate, requests, timeout);
+            let run = async {
+                if fanout > 0 {
+                    load::fan_out(&client, &url, fanout, rate, requests, timeout).await
+                } else {
+                    load::open_loop(&client, &url, rate, requests, timeout).await
+                }
+            };
             let result = tokio::select! {
                 r = run => r,
                 _ = tokio::signal::ctrl_c() => break,
             };
-            println!("round {round}: {url} at {rate} req/s: {}", result.summary());
+            let shape = if fanout > 0 {
+                format!(" (front end waiting for {fanout} calls)")
+            } else {
+                String::new()
+            };
+            println!(
+                "round {round}: {url} at {rate} req/s{shape}: {}",
+                result.summary()
+            );
         }
     });
 }

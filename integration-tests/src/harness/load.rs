@@ -315,6 +315,70 @@ async fn open_loop_inner(
         .collect()
 }
 
+/// Fan-out, open loop: `total` front-end requests at `rate` per second,
+/// each calling `url` `fanout` times in parallel and done when every call
+/// has answered, as a service that needs all its backends' answers does.
+/// One result per front-end request, timed from its scheduled start to its
+/// last answer (`sent` counts front-end requests; the leaves are `sent` x
+/// `fanout`); an error or non-200 leaf makes the front-end request an error.
+pub async fn fan_out(
+    client: &Client,
+    url: &str,
+    fanout: u64,
+    rate: f64,
+    total: u64,
+    timeout: Duration,
+) -> LoadResult {
+    let result = Arc::new(Mutex::new(LoadResult::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let (client, url, result) = (client.clone(), url.to_string(), result.clone());
+        tasks.push(tokio::spawn(async move {
+            let leaves: Vec<_> = (0..fanout)
+                .map(|_| {
+                    let (client, url) = (client.clone(), url.clone());
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(timeout, request(&client, "GET", &url, &[]))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(_) => Err("timeout".into()),
+                        }
+                    })
+                })
+                .collect();
+            // the front end answers with its slowest leaf, or fails
+            let mut outcome: Result<Reply, String> = Err("no leaves".into());
+            for leaf in leaves {
+                let reply = leaf.await.unwrap_or_else(|e| Err(e.to_string()));
+                outcome = match (outcome, reply) {
+                    (Err(e), _) if e != "no leaves" => Err(e),
+                    (_, Ok(r)) if r.status != 200 => Err(format!("leaf answered {}", r.status)),
+                    (_, Err(e)) => Err(e),
+                    (Ok(a), Ok(b)) => Ok(if b.elapsed > a.elapsed { b } else { a }),
+                    (Err(_), Ok(b)) => Ok(b),
+                };
+            }
+            let elapsed = due.elapsed();
+            if let Ok(mut result) = result.lock() {
+                result.record(&outcome, elapsed);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut result = Arc::try_unwrap(result)
+        .ok()
+        .and_then(|m| m.into_inner().ok())
+        .unwrap_or_default();
+    result.elapsed = start.elapsed();
+    result
+}
+
 /// Closed loop: `callers` concurrent callers send `total` requests, each
 /// caller waiting for its previous answer.
 pub async fn closed_loop(

@@ -481,6 +481,8 @@ fn convert(node: &mut Value) {
     {
         map.insert("type".into(), json!(["integer", "string"]));
     }
+    // decided before `nullable` turns the type into a list
+    let is_object = map.get("type").and_then(Value::as_str) == Some("object");
     if is(map, "nullable") {
         if let Some(Value::String(t)) = map.get("type") {
             let t = t.clone();
@@ -490,7 +492,6 @@ fn convert(node: &mut Value) {
             options.push(Value::Null);
         }
     }
-    let is_object = map.get("type").and_then(Value::as_str) == Some("object");
     if is_object
         && !is(map, "x-kubernetes-preserve-unknown-fields")
         && !map.contains_key("additionalProperties")

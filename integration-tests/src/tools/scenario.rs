@@ -98,6 +98,14 @@ pub enum Workload {
     Closed { callers: u64, requests: u64 },
     /// `rate` requests per second, `requests` in all.
     Open { rate: f64, requests: u64 },
+    /// `requests` front-end requests at `rate` per second, each calling the
+    /// first target `fanout` times in parallel and waiting for all
+    /// (`load::fan_out`).
+    FanOut {
+        fanout: u64,
+        rate: f64,
+        requests: u64,
+    },
 }
 
 impl Workload {
@@ -110,6 +118,7 @@ impl Workload {
     pub fn warmup_rate(&self) -> f64 {
         match self {
             Workload::Open { rate, .. } => *rate,
+            Workload::FanOut { fanout, rate, .. } => rate * *fanout as f64,
             Workload::Closed { .. } => 500.0,
         }
     }
@@ -261,7 +270,9 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
     let hedges_before = envoy.as_ref().map_or(0, |e| hedge_count(proxy, e));
     progress(&format!("  measuring: {:?}", plan.workload));
     let duration = match plan.workload {
-        Workload::Open { rate, requests } => Duration::from_secs_f64(requests as f64 / rate),
+        Workload::Open { rate, requests } | Workload::FanOut { rate, requests, .. } => {
+            Duration::from_secs_f64(requests as f64 / rate)
+        }
         Workload::Closed { .. } => Duration::ZERO,
     };
     let done = AtomicBool::new(false);
@@ -303,6 +314,18 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
                 requests,
                 Duration::from_secs(10),
             )),
+            Workload::FanOut {
+                fanout,
+                rate,
+                requests,
+            } => vec![rt.block_on(load::fan_out(
+                &client,
+                &urls[0],
+                fanout,
+                rate,
+                requests,
+                Duration::from_secs(10),
+            ))],
         };
         done.store(true, Ordering::Relaxed);
         (results, timeline.join().unwrap_or_default())
@@ -319,6 +342,11 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         }
     }
     let requests: u64 = latency.iter().map(|l| l.sent).sum();
+    // what the hosts were asked for: every leaf of a fan-out
+    let leaves = match plan.workload {
+        Workload::FanOut { fanout, .. } => requests * fanout,
+        _ => requests,
+    };
     let hedges_sent = envoy
         .as_ref()
         .map_or(0, |e| hedge_count(proxy, e) - hedges_before);
@@ -342,7 +370,7 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         name: proxy.name(),
         requests,
         upstream_attempts: counts.arrivals,
-        extra_load: counts.arrivals as f64 / requests.max(1) as f64 - 1.0,
+        extra_load: counts.arrivals as f64 / leaves.max(1) as f64 - 1.0,
         hedges_sent,
         host_arrivals: sim.counts().iter().map(|c| c.arrivals).collect(),
         learned_delay_ms,
