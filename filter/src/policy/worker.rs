@@ -2088,18 +2088,22 @@ mod tests {
         let mut rr = 0;
         host_traffic(&mut w, 60, 2, &mut rr);
         w.sync(T0, &store, &mut log);
-        // Envoy answers from round robin whatever the header names
-        for _ in 0..40 {
-            let plan = w.plan(Some(b"c"), None, &GET);
-            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
-                continue;
-            };
-            rr += 1;
-            let address = format!("h{}", rr % 3);
-            answer(&mut w, id, Some(pick), &address, 1, 2000, None);
-            w.end_pick(id, pick);
+        // Envoy answers from round robin whatever the header names, on two
+        // ticks in a row (one judgement is not enough: OVERRIDE_JUDGEMENTS)
+        for tick in 1..=2 {
+            for _ in 0..40 {
+                let plan = w.plan(Some(b"c"), None, &GET);
+                let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
+                    continue;
+                };
+                rr += 1;
+                let address = format!("h{}", rr % 3);
+                answer(&mut w, id, Some(pick), &address, 1, 2000, None);
+                w.end_pick(id, pick);
+            }
+            w.sync(T0 + 200 * tick, &store, &mut log);
+            assert_eq!(log.0.len(), tick as usize - 1, "{:?}", log.0);
         }
-        w.sync(T0 + 200, &store, &mut log);
         assert_eq!(log.0.len(), 1, "{:?}", log.0);
         assert!(log.0[0].contains("does not follow the host header"));
         assert_eq!(w.plan(Some(b"c"), None, &GET).endpoint, None, "paused");
