@@ -67,6 +67,8 @@ pub struct BudgetTerms {
     pub burst: u64,
     /// Set aside per armed hedge (its expected cost, at most one token).
     pub set_aside: u64,
+    /// Seconds of earnings a worker (and the pool) may save (`budget_reserve`).
+    pub reserve_seconds: u64,
 }
 
 /// The armed hedges of one tick not yet charged in full.
@@ -237,8 +239,19 @@ impl LocalBudget {
         // requests. Keeping a second's earnings smooths that (over a 30 s
         // window, at most a thirtieth more than the share).
         let per_second = (requests_last_tick as f64 * ticks_per_second.max(0.0)) as i64;
-        let second = signed(self.terms.share).saturating_mul(per_second);
-        self.saved_cap = signed(self.terms.burst).max(second);
+        let reserve = signed(self.terms.share)
+            .saturating_mul(per_second)
+            .saturating_mul(signed(self.terms.reserve_seconds.max(1)));
+        self.saved_cap = signed(self.terms.burst).max(reserve);
+    }
+
+    /// How full the worker's reserve is: free tokens over the most it may
+    /// keep, in [0, 1].
+    pub fn reserve_fill(&self) -> f64 {
+        if self.saved_cap <= 0 {
+            return 0.0;
+        }
+        (self.free.max(0) as f64 / self.saved_cap as f64).clamp(0.0, 1.0)
     }
 
     /// Balances this worker's tokens against the cluster's shared pool
@@ -267,6 +280,7 @@ mod tests {
         share: 100_000, // 10%
         burst: BURST,
         set_aside: 80_000, // the delay is the p92
+        reserve_seconds: 1,
     };
     /// The default tick: 200 ms.
     const TICKS_PER_SECOND: f64 = 5.0;
@@ -303,6 +317,35 @@ mod tests {
             b.earn();
         }
         assert_eq!(b.free_tokens(), 500.0);
+    }
+
+    /// The reserve: `reserve_seconds` of earnings at the current rate, and
+    /// how full it is.
+    #[test]
+    fn the_reserve_holds_seconds_of_earnings_and_says_how_full_it_is() {
+        let mut b = LocalBudget::new(BudgetTerms {
+            reserve_seconds: 10,
+            ..TERMS
+        });
+        assert_eq!(b.reserve_fill(), 0.0);
+        // 100 requests a tick, 5 ticks a second: 50 tokens a second
+        b.tick(1, 100, TICKS_PER_SECOND, 0);
+        for _ in 0..2_500 {
+            b.earn();
+        }
+        assert!(
+            (b.reserve_fill() - 0.5).abs() < 1e-9,
+            "{}",
+            b.reserve_fill()
+        );
+        for _ in 0..10_000 {
+            b.earn();
+        }
+        assert_eq!(b.free_tokens(), 500.0, "ten seconds' earnings");
+        assert_eq!(b.reserve_fill(), 1.0);
+        let mut pool = 0;
+        b.rebalance(&mut pool);
+        assert_eq!((b.free_tokens(), pool), (500.0, 0), "nothing above the cap");
     }
 
     #[test]

@@ -415,6 +415,9 @@ settings! {
         budget_percent: f64 = 10.0, budget_percent_rule;
         /// Tokens a worker (and the shared pool) may save up while idle.
         budget_burst: f64 = 10.0, |b| within(b, 1.0, 10_000.0, " tokens");
+        /// Earnings a worker (and the shared pool) may save, in time at the current rate: spent when latency rises.
+        budget_reserve: TextDuration = millis(10_000),
+            |r| duration_within(r, Duration::from_secs(1), Duration::from_secs(300));
         min_delay: TextDuration = millis(1), min_delay_rule;
         max_delay: TextDuration = millis(10_000), max_delay_rule;
         /// Hedges per request (`x-envoy-max-retries`).

@@ -57,6 +57,7 @@ pub fn hedge_delay(
     long: &Sketch,
     recent: &Sketch,
     censored_at_us: Option<f64>,
+    reserve_fill: f64,
 ) -> Option<HedgeDelay> {
     if long.count() < policy.min_samples {
         return None;
@@ -64,9 +65,10 @@ pub fn hedge_delay(
     let trigger = trigger_quantile(policy);
     let mut quantile_us = long.quantile(trigger)?;
     if recent.count() >= policy.min_samples {
+        let guard = (trigger - reserve_fill.clamp(0.0, 1.0) * policy.budget_share()).max(0.5);
         let recent_us = match censored_at_us {
-            Some(d) => uncensored_quantile(recent, trigger, d),
-            None => recent.quantile(trigger),
+            Some(d) => uncensored_quantile(recent, guard, d),
+            None => recent.quantile(guard),
         };
         if let Some(recent_us) = recent_us {
             quantile_us = quantile_us.max(recent_us);
@@ -215,6 +217,7 @@ pub fn budget_terms(policy: &ClusterPolicy) -> BudgetTerms {
         share: micro_tokens(policy.budget_share()),
         burst: micro_tokens(policy.budget_burst),
         set_aside: micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE)),
+        reserve_seconds: policy.budget_reserve.as_secs(),
     }
 }
 
@@ -268,7 +271,7 @@ mod tests {
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new(), None).unwrap();
+        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
@@ -276,13 +279,13 @@ mod tests {
             max_delay: TextDuration(Duration::from_millis(3)),
             ..policy(10)
         };
-        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new(), None).unwrap();
+        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
         assert_eq!(clamped.per_try_timeout_ms, 3);
         let floor = ClusterPolicy {
             min_delay: TextDuration(Duration::from_millis(20)),
             ..policy(10)
         };
-        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new(), None).unwrap();
+        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
         assert_eq!(floored.per_try_timeout_ms, 20);
     }
 
@@ -294,7 +297,7 @@ mod tests {
         let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
         let mut window = window_of(&old);
         window.merge(&window_of(&slow));
-        let up = hedge_delay(&policy, &window, &window_of(&slow), None)
+        let up = hedge_delay(&policy, &window, &window_of(&slow), None, 0.0)
             .unwrap()
             .delay_us as f64;
         assert!(
@@ -303,7 +306,7 @@ mod tests {
         );
         let mut window = window_of(&old);
         window.merge(&window_of(&fast));
-        let down = hedge_delay(&policy, &window, &window_of(&fast), None)
+        let down = hedge_delay(&policy, &window, &window_of(&fast), None, 0.0)
             .unwrap()
             .delay_us as f64;
         assert!(
@@ -311,10 +314,50 @@ mod tests {
             "a shift down waits for the long horizon: {down}"
         );
         // too few recent samples: ignored
-        let few = hedge_delay(&policy, &window_of(&old), &window_of(&slow[..49]), None)
-            .unwrap()
-            .delay_us as f64;
+        let few = hedge_delay(
+            &policy,
+            &window_of(&old),
+            &window_of(&slow[..49]),
+            None,
+            0.0,
+        )
+        .unwrap()
+        .delay_us as f64;
         assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
+    }
+
+    /// With the reserve full, the recent guard lets the delay stay at the
+    /// long horizon's quantile while up to 8% + 10% of recent requests
+    /// outlive it (the reserve pays), not only 8%; empty, as before.
+    #[test]
+    fn a_full_reserve_lets_the_long_horizon_delay_stand_through_a_shift() {
+        let policy = ClusterPolicy {
+            min_samples: 50,
+            ..Default::default()
+        };
+        let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p92 9.2 ms
+                                                                           // the recent: 85% as before, 15% slower than anything before
+        let recent: Vec<f64> = (1..=100)
+            .map(|i| {
+                if i <= 85 {
+                    i as f64 * 100.0
+                } else {
+                    50_000.0 + i as f64
+                }
+            })
+            .collect();
+        let delay = |fill| {
+            hedge_delay(&policy, &window_of(&old), &window_of(&recent), None, fill)
+                .unwrap()
+                .delay_us as f64
+        };
+        let empty = delay(0.0);
+        assert!(empty > 50_000.0, "15% > 8%: the recent quantile: {empty}");
+        let full = delay(1.0);
+        assert!(
+            (full / 9_200.0 - 1.0).abs() < 0.03,
+            "15% < 18%: the long horizon's: {full}"
+        );
     }
 
     #[test]
@@ -339,7 +382,7 @@ mod tests {
             ..Default::default()
         };
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
-        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new(), None).unwrap();
+        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
         assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
     }
 
@@ -389,9 +432,22 @@ mod tests {
     #[test]
     fn warming_up_until_min_samples() {
         let policy = policy(100);
-        let none = hedge_delay(&policy, &window_of(&[1000.0; 99]), &Sketch::new(), None);
+        let none = hedge_delay(
+            &policy,
+            &window_of(&[1000.0; 99]),
+            &Sketch::new(),
+            None,
+            0.0,
+        );
         assert_eq!(none, None);
-        assert!(hedge_delay(&policy, &window_of(&[1000.0; 100]), &Sketch::new(), None).is_some());
+        assert!(hedge_delay(
+            &policy,
+            &window_of(&[1000.0; 100]),
+            &Sketch::new(),
+            None,
+            0.0
+        )
+        .is_some());
     }
 
     #[test]

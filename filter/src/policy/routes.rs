@@ -48,6 +48,16 @@ struct RouteState {
     metrics: MetricTable<RouteMetric>,
 }
 
+/// What a route's recent quantile is taken with (see `hedge_delay`): the
+/// window's slices it covers, the cluster's per-try timeout (for routes
+/// without a delay of their own yet) and how full the budget's reserve is.
+#[derive(Clone, Copy, Debug)]
+pub struct RecentTerms {
+    pub slices: u64,
+    pub cluster_censored_at: Option<f64>,
+    pub reserve_fill: f64,
+}
+
 /// One cluster's routes, as this worker knows them.
 #[derive(Debug, Default)]
 pub struct Routes {
@@ -139,10 +149,14 @@ impl Routes {
         shared: &[SharedRoute],
         now_ms: u64,
         policy: &ClusterPolicy,
-        recent_slices: u64,
-        cluster_censored_at: Option<f64>,
+        recent: RecentTerms,
         adjust: impl Fn(HedgeDelay) -> HedgeDelay,
     ) {
+        let RecentTerms {
+            slices: recent_slices,
+            cluster_censored_at,
+            reserve_fill,
+        } = recent;
         for local in self.routes.iter_mut() {
             local.samples.clear();
             let censored_at = local
@@ -154,7 +168,7 @@ impl Routes {
                 .find(|s| s.name == local.name)
                 .and_then(|s| {
                     let recent = s.window.snapshot_recent(now_ms, recent_slices);
-                    hedge_delay(policy, &s.long.sketch, &recent, censored_at)
+                    hedge_delay(policy, &s.long.sketch, &recent, censored_at, reserve_fill)
                 })
                 .map(&adjust);
         }
@@ -181,6 +195,11 @@ mod tests {
     use std::time::Duration;
 
     const T0: u64 = 1_700_000_000_000;
+    const TERMS: RecentTerms = RecentTerms {
+        slices: 2,
+        cluster_censored_at: None,
+        reserve_fill: 0.0,
+    };
 
     fn geometry() -> WindowGeometry {
         WindowGeometry::new(Duration::from_secs(30))
@@ -220,7 +239,7 @@ mod tests {
         }
         let mut shared = Vec::new();
         r.merge_into(&mut shared, T0, 8, geometry());
-        r.refresh(&shared, T0, &policy(), 2, None, |d| d);
+        r.refresh(&shared, T0, &policy(), TERMS, |d| d);
         let fast_delay = r.delay(fast).unwrap().delay_us;
         assert!((1000..1200).contains(&fast_delay), "{fast_delay}");
         assert_eq!(r.delay(slow), None, "5 samples < min_samples 10");
@@ -241,7 +260,7 @@ mod tests {
         b.merge_into(&mut shared, T0, 1, geometry());
         assert_eq!(shared.len(), 1);
         assert_eq!(shared[0].name, "one", "full: two waits");
-        b.refresh(&shared, T0, &policy(), 2, None, |d| d);
+        b.refresh(&shared, T0, &policy(), TERMS, |d| d);
         assert_eq!(b.delay(two), None);
         // hours later "one" is forgotten: its window is empty and its long
         // horizon halved to nothing

@@ -725,6 +725,20 @@ fn workloads_section(s: &Settings) -> (String, Value) {
     let seed = 2026;
     // BENCH_POLICY: the plugin config judged (zero config by default)
     let plugin_config = std::env::var("BENCH_POLICY").unwrap_or_else(|_| "{}".into());
+    // BENCH_TRACE=3,91: how those workloads' runs went, segment by segment
+    if let Ok(ids) = std::env::var("BENCH_TRACE") {
+        for id in ids
+            .split(',')
+            .filter_map(|i| i.trim().parse::<usize>().ok())
+        {
+            let w = workloads::Workload::generate(seed, id);
+            match workloads::trace(&w, &plugin_config, scale) {
+                Ok(t) => println!("{t}"),
+                Err(e) => eprintln!("  workload {id}: {e}"),
+            }
+        }
+        return (String::new(), Value::Null);
+    }
     let started = Instant::now();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let judged = std::sync::Mutex::new(Vec::new());

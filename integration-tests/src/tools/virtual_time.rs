@@ -148,6 +148,22 @@ pub struct Outcome {
     pub shared_bytes: usize,
     /// Eligible requests the budget could not pay for (adaptive only).
     pub budget_exhausted: u64,
+    /// Every request: when it was issued, its latency, its attempts, whether
+    /// the budget refused it (for traces: `workloads::trace`).
+    pub log: Vec<RequestRecord>,
+}
+
+/// One request of a run, for traces.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestRecord {
+    pub issued_us: u64,
+    pub latency_us: u64,
+    pub attempts: u8,
+    pub refused: bool,
+    /// Not armed: outlier pacing held it back.
+    pub paced: bool,
+    /// The per-try timeout it was armed with (ms), 0 when not armed.
+    pub delay_ms: u32,
 }
 
 impl Outcome {
@@ -216,6 +232,9 @@ struct Finished {
     hosts: Option<(HostPick, usize)>,
     answered: usize,
     per_try_timeout_ms: Option<u64>,
+    issued_us: u64,
+    refused: bool,
+    paced: bool,
 }
 
 /// A simulated host's address, as Envoy would report it.
@@ -339,6 +358,7 @@ pub fn run(
         per_endpoint.push(histogram()?);
     }
     let mut delay_timeline = Vec::new();
+    let mut records = Vec::new();
     let mut log = Quiet;
     while let Some(Reverse((t, _, event))) = events.pop() {
         match event {
@@ -375,6 +395,8 @@ pub fn run(
                 let t_ms = t as f64 / 1000.0;
                 // requests alternate between the two workers
                 let wi = (issued % 2) as usize;
+                let mut refused = false;
+                let mut paced = false;
                 let (delay_us, settlement, sample, pick, named) = match policy {
                     Policy::None => (None, None, None, None, None),
                     Policy::Static { delay_ms } => {
@@ -409,7 +431,9 @@ pub fn run(
                                     Decision::Skip(skip) => {
                                         if *skip == Skip::BudgetExhausted {
                                             budget_exhausted += 1;
+                                            refused = true;
                                         }
+                                        paced = *skip == Skip::Paced;
                                         (None, None, sample, plan.hosts.zip(plan.cluster), named)
                                     }
                                 }
@@ -459,6 +483,9 @@ pub fn run(
                         hosts: pick,
                         answered,
                         per_try_timeout_ms: delay_us.map(|d| (d / 1000.0) as u64),
+                        issued_us: t,
+                        refused,
+                        paced,
                     }),
                 );
             }
@@ -473,8 +500,19 @@ pub fn run(
                 hosts: pick,
                 answered,
                 per_try_timeout_ms,
+                issued_us,
+                refused,
+                paced,
             }) => {
                 done += 1;
+                records.push(RequestRecord {
+                    issued_us,
+                    latency_us: elapsed,
+                    attempts: attempts as u8,
+                    refused,
+                    paced,
+                    delay_ms: per_try_timeout_ms.unwrap_or(0) as u32,
+                });
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
                 if let Some(h) = per_endpoint.get_mut(endpoint) {
@@ -529,6 +567,7 @@ pub fn run(
         delay_timeline,
         shared_bytes,
         budget_exhausted,
+        log: records,
     })
 }
 

@@ -510,6 +510,82 @@ pub fn spread(values: &[f64]) -> (f64, f64, f64) {
     (at(0.5), at(0.9), v.last().copied().unwrap_or(f64::NAN))
 }
 
+/// A workload's run, twentieth by twentieth: for the policy at
+/// `plugin_config` and for the fixed delay whose extra load is nearest the
+/// policy's. Per segment: requests, hedged and refused shares, the mean
+/// per-try timeout of armed requests, p50 and p99, and how many requests
+/// ended above the whole run's p99 (where the run's tail comes from).
+pub fn trace(w: &Workload, plugin_config: &str, scale: f64) -> Result<String, String> {
+    let requests = ((w.requests as f64 * scale) as u64).max(5_000);
+    let none = run(w, &Policy::None, requests)?;
+    let policy = run(
+        w,
+        &Policy::Adaptive {
+            plugin_config: plugin_config.to_string(),
+        },
+        requests,
+    )?;
+    let mut best: Option<(f64, Outcome)> = None;
+    for q in SWEEP_QUANTILES {
+        let delay_ms = (none.ms(q)).max(1.0).round();
+        let o = run(w, &Policy::Static { delay_ms }, requests)?;
+        if o.extra_load() <= policy.extra_load() * 1.1
+            && best
+                .as_ref()
+                .is_none_or(|(_, b)| o.tail_ms(0.99) < b.tail_ms(0.99))
+        {
+            best = Some((delay_ms, o));
+        }
+    }
+    let mut out = format!("{}: {}\n", w.id, w.describe());
+    let mut runs = vec![("policy".to_string(), &policy)];
+    if let Some((d, o)) = &best {
+        runs.push((format!("fixed {d} ms"), o));
+    }
+    runs.push(("no hedging".to_string(), &none));
+    for (name, o) in runs {
+        let p99 = o.ms(0.99) * 1000.0;
+        out += &format!(
+            "  {name}: p99 {:.1} ms, p999 {:.1} ms, extra {:.1}%\n  seg  reqs  hedged refused  paced delay_ms    p50     p99  >run_p99\n",
+            o.ms(0.99),
+            o.ms(0.999),
+            o.extra_load() * 100.0
+        );
+        let end = o.log.iter().map(|r| r.issued_us).max().unwrap_or(1).max(1);
+        for seg in 0..20u64 {
+            let rows: Vec<_> = o
+                .log
+                .iter()
+                .filter(|r| (r.issued_us * 20 / (end + 1)) == seg)
+                .collect();
+            let n = rows.len().max(1) as f64;
+            let mut lat: Vec<u64> = rows.iter().map(|r| r.latency_us).collect();
+            lat.sort_unstable();
+            let at = |q: f64| {
+                lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+                    .map_or(0.0, |v| *v as f64 / 1000.0)
+            };
+            let armed: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.delay_ms > 0)
+                .map(|r| r.delay_ms as f64)
+                .collect();
+            out += &format!(
+                "  {seg:3} {:5} {:6.1}% {:6.1}% {:5.1}% {:8.1} {:7.1} {:7.1} {:6}\n",
+                rows.len(),
+                rows.iter().filter(|r| r.attempts > 1).count() as f64 / n * 100.0,
+                rows.iter().filter(|r| r.refused).count() as f64 / n * 100.0,
+                rows.iter().filter(|r| r.paced).count() as f64 / n * 100.0,
+                armed.iter().sum::<f64>() / armed.len().max(1) as f64,
+                at(0.5),
+                at(0.99),
+                rows.iter().filter(|r| r.latency_us as f64 > p99).count(),
+            );
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
