@@ -115,6 +115,8 @@ pub struct ClusterView<'a> {
     /// still running, and those it armed (see `timeouts`).
     pub past_delay: usize,
     pub armed: Option<&'a ArmedRequests>,
+    /// The delay is known stale: no request is armed with it.
+    pub stale_delay: bool,
 }
 
 /// Everything the filter does with one request.
@@ -197,6 +199,9 @@ pub enum Skip {
     /// Enough of this worker's armed requests to the cluster are past
     /// their delay (see `timeouts`).
     Paced,
+    /// The delay is stale (armed requests fired one after the other) and
+    /// the window has not learned the slower latency yet (`StaleLatch`).
+    StaleDelay,
 }
 
 /// Which client-sent request headers to remove.
@@ -326,6 +331,7 @@ impl Skip {
             Skip::BudgetExhausted => "budget_exhausted",
             Skip::RouteMetadata => "route_metadata",
             Skip::Paced => "paced",
+            Skip::StaleDelay => "stale_delay",
         }
     }
 }
@@ -562,6 +568,11 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
     let Some(delay) = cluster.delay else {
         return Decision::Skip(Skip::WarmingUp);
     };
+    // every request armed with it would hedge, on requests all slow alike:
+    // the budget is kept for when the delay has caught up
+    if cluster.stale_delay {
+        return Decision::Skip(Skip::StaleDelay);
+    }
     match cluster.budget.affordable(policy.max_hedges) {
         0 => Decision::Skip(Skip::BudgetExhausted),
         hedges => Decision::Arm(Arming {
@@ -625,6 +636,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
+            stale_delay: false,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -883,6 +895,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
+            stale_delay: false,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");
@@ -953,6 +966,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
+            stale_delay: false,
         }
     }
 
@@ -1095,6 +1109,20 @@ mod tests {
         let p = with_hosts(&GET, &config, &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
         assert_eq!(p.hosts, Some(pick));
+    }
+
+    /// A delay known stale arms nothing (the budget waits for the window).
+    #[test]
+    fn a_stale_delay_arms_nothing() {
+        let policy = ClusterPolicy::default();
+        let budget = funded(&policy);
+        let view = ClusterView {
+            stale_delay: true,
+            ..view_of(&policy, &budget)
+        };
+        let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
+        assert_eq!(p.decision, Decision::Skip(Skip::StaleDelay));
+        assert!(p.sample, "still a latency sample");
     }
 
     /// Without hosts named, a worker arms only while fewer than two of its

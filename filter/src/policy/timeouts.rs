@@ -69,6 +69,8 @@ struct Armed {
     pick: Option<HostPick>,
     /// Timeouts counted so far: the primary's, then the hedge's.
     fired: u8,
+    /// The reading it belongs to (see `ArmedRequests::new_reading`).
+    reading: u32,
 }
 
 impl Armed {
@@ -137,6 +139,9 @@ pub struct ArmedRequests {
     /// Primaries fired since an armed request last ended before its
     /// deadline (see `stale`).
     fires_in_a_row: u32,
+    planned: f64,
+    /// Outcomes count only for requests armed since the last `new_reading`.
+    reading: u32,
 }
 
 /// Weight of each armed request in `fire_rate`: with the defaults, two
@@ -161,6 +166,12 @@ const STALE_MIN: f64 = 0.25;
 /// stragglers went unhedged and its p99 was 4 times the best fixed delay's
 /// (virtual time, `BENCH_TRACE=89`).
 const STALE_FIRES_IN_A_ROW: u32 = 2;
+/// A delay is clearly stale past this fire rate with this many fires in a
+/// row: from the planned 8%, six fires in a row and nothing ending in time
+/// (a brownout's first milliseconds). In steady traffic, with 8% of armed
+/// requests firing, six in a row come about once in four million.
+const CLEARLY_STALE: f64 = 0.5;
+const CLEARLY_STALE_IN_A_ROW: u32 = 6;
 /// ... and at most this: a route hedging at its p50 is stale only once
 /// nearly every armed request fires.
 const STALE_MAX: f64 = 0.9;
@@ -181,7 +192,18 @@ impl ArmedRequests {
             fire_rate: planned,
             stale_above: (3.0 * planned).clamp(STALE_MIN, STALE_MAX),
             fires_in_a_row: 0,
+            planned,
+            reading: 0,
         }
+    }
+
+    /// The delay was found stale and the worker stopped arming with it:
+    /// what the requests armed before do from now on says nothing of the
+    /// delay the next ones get; the reading starts again from the plan.
+    pub fn new_reading(&mut self) {
+        self.reading = self.reading.wrapping_add(1);
+        self.fire_rate = self.planned;
+        self.fires_in_a_row = 0;
     }
 
     pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) {
@@ -190,6 +212,7 @@ impl ArmedRequests {
             per_try_ns,
             pick,
             fired: 0,
+            reading: self.reading,
         });
     }
 
@@ -198,9 +221,11 @@ impl ArmedRequests {
     pub fn fire(&mut self, now_ns: u64, hosts: &mut Hosts) -> usize {
         let mut past = 0;
         let mut fires = 0;
+        let reading = self.reading;
         for a in self.armed.iter_mut() {
             let due = a.due(now_ns);
-            fires += u32::from(a.count(due, hosts));
+            let fires_now = a.count(due, hosts);
+            fires += u32::from(fires_now && a.reading == reading);
             past += usize::from(due > 0);
         }
         for _ in 0..fires {
@@ -246,7 +271,7 @@ impl ArmedRequests {
         };
         let never_fired = a.fired == 0;
         let fires_now = a.count(due, hosts);
-        if fires_now || never_fired {
+        if (fires_now || never_fired) && a.reading == self.reading {
             self.observe(fires_now);
         }
     }
@@ -255,6 +280,15 @@ impl ArmedRequests {
     /// far more often than the delay plans (a brownout).
     pub fn stale(&self) -> bool {
         self.fire_rate > self.stale_above && self.fires_in_a_row >= STALE_FIRES_IN_A_ROW
+    }
+
+    /// Whether the delay is stale beyond doubt: most recent armed requests'
+    /// primaries fired, the latest `CLEARLY_STALE_IN_A_ROW` of them in a
+    /// row, none ending in time between (the worker then stops arming the
+    /// cluster: `StaleLatch`).
+    pub fn clearly_stale(&self) -> bool {
+        self.fire_rate > CLEARLY_STALE.max(self.stale_above)
+            && self.fires_in_a_row >= CLEARLY_STALE_IN_A_ROW
     }
 
     /// Whether host `id`, with `standing` timeouts fired since it last
@@ -442,6 +476,34 @@ mod tests {
         assert!(!armed.stale(), "a single fire");
         one(&mut armed, true);
         assert!(armed.stale(), "two in a row, the rate still high");
+    }
+
+    /// Six fires in a row from the plan: clearly stale. A new reading
+    /// starts from the plan, and the requests armed before it (which will
+    /// all fire too) no longer count.
+    #[test]
+    fn clearly_stale_after_a_run_of_fires_and_a_new_reading_forgets_them() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        for i in 0..12u64 {
+            armed.armed((100 + i) * MS, 10 * MS, pick(0, 1));
+        }
+        // the first six reach their deadline: fired, in a row
+        armed.fire(105 * MS, &mut hosts);
+        assert!(armed.stale());
+        assert!(armed.clearly_stale(), "{}", armed.fire_rate);
+        armed.new_reading();
+        assert!(!armed.stale() && !armed.clearly_stale());
+        // the other six fire too, and end: not counted
+        armed.fire(111 * MS, &mut hosts);
+        for i in 0..12u64 {
+            armed.ended((100 + i) * MS, Some(2), Ended::After(50_000), &mut hosts);
+        }
+        assert!(!armed.stale(), "{}", armed.fire_rate);
+        // one armed since fires: counted
+        armed.armed(200 * MS, 10 * MS, pick(0, 1));
+        armed.fire(200 * MS, &mut hosts);
+        assert!(armed.fire_rate > 0.1, "{}", armed.fire_rate);
     }
 
     #[test]

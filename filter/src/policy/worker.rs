@@ -179,6 +179,8 @@ pub struct ClusterState {
     requests_this_tick: u64,
     /// How much later than the delay the per-try timeout is set.
     timer: TimerSlack,
+    /// Set while the delay is known stale (see `StaleLatch`).
+    stale: Option<StaleLatch>,
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
     reset_logged: bool,
@@ -220,6 +222,7 @@ impl ClusterState {
             requests_unsynced: 0,
             requests_this_tick: 0,
             timer: TimerSlack::default(),
+            stale: None,
             sent_unsynced: 0,
             shadow_p99_microseconds: None,
             latency_quantiles_us: [0; 3],
@@ -302,6 +305,7 @@ impl ClusterState {
             now_ns,
             past_delay,
             armed: Some(&self.armed),
+            stale_delay: self.stale.is_some(),
         }
     }
 
@@ -326,7 +330,9 @@ impl ClusterState {
             Decision::Skip(Skip::BudgetExhausted) => {
                 self.metrics.add(ClusterMetric::BudgetExhausted, 1)
             }
-            Decision::Skip(Skip::Paced) => self.metrics.add(ClusterMetric::Paced, 1),
+            Decision::Skip(Skip::Paced | Skip::StaleDelay) => {
+                self.metrics.add(ClusterMetric::Paced, 1)
+            }
             Decision::Skip(_) => self.metrics.add(ClusterMetric::Ineligible, 1),
         }
         if plan.sample {
@@ -525,6 +531,14 @@ impl Worker {
             .filter(|_| max_routes > 0)
             .and_then(|r| state.routes.lookup(r, max_routes));
         let past_delay = now_ns.map_or(0, |now| state.armed.fire(now, &mut state.hosts));
+        if state.stale.is_none() && state.armed.clearly_stale() {
+            let max_ms = max_delay_ms(&state.policy);
+            state.stale = state
+                .hedge_delay
+                .filter(|d| d.per_try_timeout_ms < max_ms)
+                .map(StaleLatch::new);
+            state.armed.new_reading();
+        }
         self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let plan = decision::plan(
             request,
@@ -656,6 +670,9 @@ impl Worker {
     /// true quantile instead of drifting down with the filter's own hedging.
     pub fn on_response(&mut self, id: ClusterId, route: Option<RouteId>, latency_us: u64) {
         if let Some(state) = self.clusters.get_mut(id) {
+            if let Some(latch) = state.stale.as_mut() {
+                latch.observe(latency_us);
+            }
             state.samples.add(latency_us as f64);
             if let Some(route) = route {
                 state.routes.add_sample(route, latency_us as f64);
@@ -1050,6 +1067,13 @@ impl Worker {
             state.budget.reserve_fill(),
         )
         .map(|d| state.timer.apply(d, &state.policy));
+        let planned = 1.0 - trigger_quantile(&state.policy);
+        let max_ms = max_delay_ms(&state.policy);
+        if let Some(latch) = state.stale.as_mut() {
+            if latch.released(state.hedge_delay, planned, max_ms) {
+                state.stale = None;
+            }
+        }
         state.shadow_p99_microseconds = match (state.policy.mode, state.hedge_delay) {
             // in shadow mode the window's samples are unhedged
             (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
@@ -1217,10 +1241,84 @@ impl TimerSlack {
 
     /// The per-try timeout, later by the slack, within `max_delay`.
     fn apply(&self, mut delay: HedgeDelay, policy: &ClusterPolicy) -> HedgeDelay {
-        let max_ms = u64::try_from(policy.max_delay.as_millis()).unwrap_or(u64::MAX);
+        let max_ms = max_delay_ms(policy);
         delay.per_try_timeout_ms = (delay.per_try_timeout_ms + self.ms).min(max_ms.max(1));
         delay
     }
+}
+
+/// The delay armed requests showed stale, until the window catches up.
+///
+/// Why: the window learns a new latency only from requests that ended, so
+/// when the whole cluster slows at once (a brownout, a shift up) it learns
+/// nothing for as long as the slow requests take, while every request armed
+/// at the old delay outlives it and hedges. In virtual time the budget of a
+/// full outage went on its first fraction of a second, and into debt, on
+/// requests all slow alike; the outage's stragglers, which set the hour's
+/// p99, then went unhedged while the debt was repaid. The armed requests
+/// tell at once (their primaries fire one after the other:
+/// `ArmedRequests::clearly_stale`), so from then on no request is armed
+/// (`Skip::StaleDelay`) until one of:
+/// - the delay learned on a tick is longer than the stale one: the window
+///   has begun to learn the slower latency (if the new delay is still
+///   stale, its requests fire in a row too, and the latch is set again at
+///   it, for the cost of the requests armed within one delay);
+/// - responses since show the latency back (at least `RELEASE_RESPONSES`
+///   of them, fewer than three times the planned share above the stale
+///   delay): a stall that passed;
+/// - `MAX_LATCH_TICKS` ticks have passed.
+///
+/// A delay at `max_delay` is never latched (nor kept latched): it cannot
+/// follow the latency up, and the operator chose to hedge after it; the
+/// budget then pays for the first requests that outlive it, as it would
+/// without the latch.
+#[derive(Debug)]
+struct StaleLatch {
+    /// The per-try timeout found stale (ms).
+    per_try_ms: u64,
+    /// Responses since, and how many took longer than it.
+    responses: u32,
+    above: u32,
+    ticks: u32,
+}
+
+const RELEASE_RESPONSES: u32 = 20;
+/// Ten seconds at the default 200 ms tick.
+const MAX_LATCH_TICKS: u32 = 50;
+
+impl StaleLatch {
+    fn new(delay: HedgeDelay) -> Self {
+        StaleLatch {
+            per_try_ms: delay.per_try_timeout_ms,
+            responses: 0,
+            above: 0,
+            ticks: 0,
+        }
+    }
+
+    fn observe(&mut self, latency_us: u64) {
+        self.responses = self.responses.saturating_add(1);
+        if latency_us > self.per_try_ms.saturating_mul(1000) {
+            self.above = self.above.saturating_add(1);
+        }
+    }
+
+    /// On the tick, with the delay just learned: whether arming may go on
+    /// (`max_ms`: `max_delay`, which the delay cannot pass).
+    fn released(&mut self, learned: Option<HedgeDelay>, planned: f64, max_ms: u64) -> bool {
+        self.ticks = self.ticks.saturating_add(1);
+        let caught_up = learned.is_some_and(|d| {
+            d.per_try_timeout_ms > self.per_try_ms || d.per_try_timeout_ms >= max_ms
+        });
+        let back = self.responses >= RELEASE_RESPONSES
+            && f64::from(self.above) < 3.0 * planned * f64::from(self.responses);
+        caught_up || back || self.ticks >= MAX_LATCH_TICKS
+    }
+}
+
+/// `max_delay` in the per-try timeout's milliseconds.
+fn max_delay_ms(policy: &ClusterPolicy) -> u64 {
+    u64::try_from(policy.max_delay.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The most the per-try timeout is set after the delay.
@@ -1534,6 +1632,51 @@ mod tests {
         let mut names = Registry::decode(&bytes).unwrap().names;
         names.sort();
         assert_eq!(names, ["c", "d"]);
+    }
+
+    /// A latch on a stale 10 ms delay: released when the learned delay is
+    /// longer, or when 20 responses since came mostly in time, or
+    /// after 50 ticks; not while the responses are slow and the delay has
+    /// not moved.
+    #[test]
+    fn a_stale_latch_holds_until_the_delay_catches_up_or_latency_comes_back() {
+        let at = |ms| HedgeDelay {
+            delay_us: ms * 1000,
+            per_try_timeout_ms: ms,
+        };
+        let planned = 0.08;
+        let mut latch = StaleLatch::new(at(10));
+        for _ in 0..100 {
+            latch.observe(40_000);
+        }
+        assert!(
+            !latch.released(Some(at(10)), planned, 1000),
+            "slow, delay not moved"
+        );
+        assert!(
+            latch.released(Some(at(11)), planned, 1000),
+            "the window learns"
+        );
+
+        let mut latch = StaleLatch::new(at(10));
+        for i in 0..19 {
+            latch.observe(if i < 2 { 40_000 } else { 3_000 });
+        }
+        assert!(!latch.released(Some(at(10)), planned, 1000), "19 responses");
+        latch.observe(3_000);
+        assert!(
+            latch.released(Some(at(10)), planned, 1000),
+            "2 of 20 above: back"
+        );
+
+        let mut latch = StaleLatch::new(at(10));
+        for _ in 1..MAX_LATCH_TICKS {
+            assert!(!latch.released(None, planned, 1000));
+        }
+        assert!(latch.released(None, planned, 1000), "at most 50 ticks");
+
+        let mut latch = StaleLatch::new(at(10));
+        assert!(latch.released(Some(at(10)), planned, 10), "at max_delay");
     }
 
     #[test]

@@ -269,39 +269,25 @@ async fn open_loop_inner(
         .iter()
         .map(|_| Arc::new(Mutex::new(LoadResult::new())))
         .collect();
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
+    let elapsed = open_loop_schedule(rate, total, |i, due| {
         let k = (i as usize) % urls.len().max(1);
-        let (Some(url), Some(result)) = (urls.get(k), results.get(k)) else {
-            break;
-        };
-        let (client, url, result) = (client.clone(), url.clone(), result.clone());
+        let (client, url, result) = (
+            client.clone(),
+            urls.get(k)?.clone(),
+            results.get(k)?.clone(),
+        );
         let headers = headers.clone();
-        tasks.push(tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             let headers: Vec<(&str, &str)> = headers
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            let outcome = match tokio::time::timeout(
-                timeout,
-                request(&client, "GET", &url, &headers),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err("timeout".into()),
-            };
+            let outcome = get_within(&client, &url, &headers, timeout).await;
             let elapsed = due.elapsed();
             result.lock().unwrap().record(&outcome, elapsed);
-        }));
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
-    let elapsed = start.elapsed();
+        }))
+    })
+    .await;
     results
         .into_iter()
         .map(|r| {
@@ -313,6 +299,42 @@ async fn open_loop_inner(
             r
         })
         .collect()
+}
+
+/// The open-loop schedule: `spawn(i, due)` for each of `total` requests at
+/// `rate` per second, each at its due time whatever is in flight (`None`
+/// stops it); waits for every task. Returns how long it all took.
+async fn open_loop_schedule<F>(rate: f64, total: u64, mut spawn: F) -> Duration
+where
+    F: FnMut(u64, Instant) -> Option<tokio::task::JoinHandle<()>>,
+{
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let Some(task) = spawn(i, due) else {
+            break;
+        };
+        tasks.push(task);
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    start.elapsed()
+}
+
+/// A GET that gives up after `timeout`.
+async fn get_within(
+    client: &Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<Reply, String> {
+    match tokio::time::timeout(timeout, request(client, "GET", url, headers)).await {
+        Ok(r) => r,
+        Err(_) => Err("timeout".into()),
+    }
 }
 
 /// Fan-out, open loop: `total` front-end requests at `rate` per second,
@@ -330,24 +352,13 @@ pub async fn fan_out(
     timeout: Duration,
 ) -> LoadResult {
     let result = Arc::new(Mutex::new(LoadResult::new()));
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
+    let elapsed = open_loop_schedule(rate, total, |_, due| {
         let (client, url, result) = (client.clone(), url.to_string(), result.clone());
-        tasks.push(tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             let leaves: Vec<_> = (0..fanout)
                 .map(|_| {
                     let (client, url) = (client.clone(), url.clone());
-                    tokio::spawn(async move {
-                        match tokio::time::timeout(timeout, request(&client, "GET", &url, &[]))
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(_) => Err("timeout".into()),
-                        }
-                    })
+                    tokio::spawn(async move { get_within(&client, &url, &[], timeout).await })
                 })
                 .collect();
             // the front end answers with its slowest leaf, or fails
@@ -366,16 +377,14 @@ pub async fn fan_out(
             if let Ok(mut result) = result.lock() {
                 result.record(&outcome, elapsed);
             }
-        }));
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
+        }))
+    })
+    .await;
     let mut result = Arc::try_unwrap(result)
         .ok()
         .and_then(|m| m.into_inner().ok())
         .unwrap_or_default();
-    result.elapsed = start.elapsed();
+    result.elapsed = elapsed;
     result
 }
 
@@ -402,11 +411,7 @@ pub async fn closed_loop(
         tasks.push(tokio::spawn(async move {
             while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < total {
                 let t0 = Instant::now();
-                let outcome =
-                    match tokio::time::timeout(timeout, request(&client, "GET", &url, &[])).await {
-                        Ok(r) => r,
-                        Err(_) => Err("timeout".into()),
-                    };
+                let outcome = get_within(&client, &url, &[], timeout).await;
                 result.lock().unwrap().record(&outcome, t0.elapsed());
             }
         }));
