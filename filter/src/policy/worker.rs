@@ -537,7 +537,11 @@ impl Worker {
                 .hedge_delay
                 .filter(|d| d.per_try_timeout_ms < max_ms)
                 .map(StaleLatch::new);
-            state.armed.new_reading();
+            // at max_delay nothing is latched, and the reading goes on: outlier
+            // pacing keeps reading the brownout as stale
+            if state.stale.is_some() {
+                state.armed.new_reading();
+            }
         }
         self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let plan = decision::plan(
