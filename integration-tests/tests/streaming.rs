@@ -90,8 +90,9 @@ fn assert_full_stream(reply: &Reply, attempt: &str) {
 
 /// Sends requests (`send`) until one comes back armed, at most 20, 300 ms
 /// apart, and returns it (a worker new to the cluster arms it from its next
-/// tick: see `common::warm_up`). The unarmed replies must say `warming_up`
-/// (or `unconfirmed`) and carry attempt 1's whole stream.
+/// tick: see `common::warm_up`). The unarmed replies must say why
+/// (`warming_up`, `unconfirmed`, or held back: `paced`, `stale_delay`) and
+/// carry attempt 1's whole stream.
 async fn until_armed<F, Fut>(envoy: &Envoy, mut send: F) -> Reply
 where
     F: FnMut() -> Fut,
@@ -102,10 +103,17 @@ where
         if common::decision(&reply).starts_with("armed") {
             return reply;
         }
-        // (or, first of all, before any upstream answered: unconfirmed)
+        // (or, first of all, before any upstream answered: unconfirmed;
+        // or held back while an earlier armed request's timeouts stand on
+        // the host: paced, stale_delay)
         assert!(
-            ["skipped; reason=warming_up", "skipped; reason=unconfirmed"]
-                .contains(&common::decision(&reply)),
+            [
+                "skipped; reason=warming_up",
+                "skipped; reason=unconfirmed",
+                "skipped; reason=paced",
+                "skipped; reason=stale_delay",
+            ]
+            .contains(&common::decision(&reply)),
             "{reply:?}"
         );
         assert_full_stream(&reply, "1");
