@@ -6,7 +6,7 @@
 # The Rust version is the one rust-toolchain.toml pins, and the wasm is
 # built as `make build` builds it (Cargo.lock, release profile, the cargo
 # home's path remapped), so both should give the same bytes, hence the same
-# OCI image digest: tests/deploy_tools.rs checks that two builds from
+# OCI image digest: tests/e2e/deploy_tools.rs checks that two builds from
 # different places agree and that no local path is left in the wasm (no
 # Docker engine ran this file where it was written).
 ARG RUST_VERSION=1.95.0

@@ -132,7 +132,7 @@ e2e-test: build
 	cargo test -p integration-tests --profile e2e --no-fail-fast -- --test-threads=1
 
 test-deploy: build
-	cargo test -p integration-tests --profile e2e --features deploy-tools --test deploy_tools -- --test-threads=1
+	cargo test -p integration-tests --profile e2e --test e2e -- --ignored --test-threads=1 deploy_tools::
 
 # Installs what it needs, builds, then runs on loopback (about a minute).
 # DEMO=fanout: a front end calling N = 1, 10, 50, 100 backends in parallel

@@ -3,9 +3,10 @@
 //! - [`harness`]: the Envoy process, the simulated upstream hosts and the
 //!   load generators. Every server listens on 127.0.0.1 on a port picked at
 //!   run time and is stopped when its handle drops.
-//! - `tests/`: one file per promise (hedging, adaptive, faults, streaming,
-//!   config and metrics, tail, deploy; `deploy_tools` needs root-installed
-//!   tools and runs under `make test-deploy`).
+//! - `tests/e2e/`: one test binary, a module per promise (hedging, adaptive,
+//!   faults, streaming, config and metrics, tail, deploy; `deploy_tools`
+//!   needs root-installed tools: ignored by `make test`, run by
+//!   `make test-deploy`).
 //! - [`tools`] and `src/bin/`: `bench`, `demo`, `soak`, `check-configs`, and
 //!   the `sim` and `load` programs the docker-compose demo runs.
 

@@ -421,7 +421,7 @@ impl Hosts {
     /// host missed every time it was named, beside hosts followed, is no
     /// verdict on the cluster: counted, a removed host's misses put one
     /// host of four at the cluster's threshold (a quarter), which blamed
-    /// the cluster in 1 run of 5 (tests/hosts.rs) when named once a tick,
+    /// the cluster in 1 run of 5 (tests/e2e/hosts.rs) when named once a tick,
     /// and again in a CI rehearsal when named twice beside another miss.
     pub fn take_override_checks(&mut self) -> (u32, u32) {
         let named = self.hosts.iter().filter(|h| h.named > 0).count();
@@ -700,7 +700,7 @@ pub const OVERRIDE_RETRY_MS: u64 = 60_000;
 /// half) is a cluster that ignores it, when two judgements in a row say so:
 /// a cluster without the policy misses every time, while a moment of
 /// misses on every host (an EDS update, seen on both workers at once in
-/// tests/hosts.rs) is one judgement.
+/// tests/e2e/hosts.rs) is one judgement.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OverrideCheck {
     checks: u32,

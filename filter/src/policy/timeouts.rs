@@ -34,7 +34,7 @@
 //! (`Hosts::needs_fresh_attempt`): host choice may otherwise send it
 //! nothing while they fire (held back, or the worst of the draw).
 //!
-//! Measured through Envoy (tests/mesh.rs, three hosts 10x slower at once,
+//! Measured through Envoy (tests/e2e/mesh.rs, three hosts 10x slower at once,
 //! `consecutive_5xx: 5`): all three hosts ejected before; with the split
 //! and 10 local-origin failures in a row (the shipped manifests) none;
 //! with outlier detection's defaults 0-2 per run (the attempts armed

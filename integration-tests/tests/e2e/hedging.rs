@@ -1,7 +1,7 @@
 //! The filter's core promises against real Envoy (2 workers), the real .wasm
 //! and a real upstream simulator.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! marked attempt's 2xx headers until its first body byte). Real Envoy, the
 //! real .wasm, a real streaming upstream simulator.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

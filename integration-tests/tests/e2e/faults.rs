@@ -4,7 +4,7 @@
 //! its shared memory, and under FAIL_OPEN a VM fault lets requests through.
 //! Each fault runs through Envoy without the filter too, for comparison.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Configuration errors and metrics, against real Envoy.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

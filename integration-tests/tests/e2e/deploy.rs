@@ -7,17 +7,15 @@
 //! docker-compose, skopeo, umoci or func-e is in `deploy_tools.rs`
 //! (`make test-deploy`).
 
-mod common;
-
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use adaptive_hedge::policy::config::Config;
-use common::deploy::{
+use crate::common::deploy::{
     blob, build_image, get, of_kind, run, sha256_hex, str_at, yaml_docs, ENVOY_VERSION, IMAGE_TAG,
     MANIFESTS,
 };
+use adaptive_hedge::policy::config::Config;
 use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
 use serde_norway::Value;
 

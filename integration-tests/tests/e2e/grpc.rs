@@ -6,8 +6,6 @@
 //! list decides); a fast UNAVAILABLE on a listed method is answered by the
 //! second attempt (`grpc_retry_on`; a retry before any hedge is sent).
 
-mod common;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;

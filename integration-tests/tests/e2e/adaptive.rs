@@ -1,7 +1,7 @@
 //! Adaptive behaviour against real Envoy: where hedges go, per-cluster
 //! delays, the budget under an outage, workers learning together.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

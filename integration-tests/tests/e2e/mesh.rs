@@ -2,7 +2,7 @@
 //! retry policy (Istio's default) is not weakened by arming; shadow mode;
 //! per-route control through route metadata.
 
-mod common;
+use crate::common;
 
 use integration_tests::harness::envoy::{filter_stat_name, free_port, Envoy, EnvoyOptions};
 use integration_tests::harness::load;

@@ -3,7 +3,7 @@
 //! host is left only the exploration share; a client's own header never
 //! chooses; a cluster without the policy is noticed.
 
-mod common;
+use crate::common;
 
 use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, request};
