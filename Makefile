@@ -123,7 +123,7 @@ test: build
 	exit $$status
 
 unit-test:
-	cargo test -p adaptive-hedge --no-fail-fast
+	cargo test -p adaptive-hedge -p noop-filter --no-fail-fast
 
 # One test at a time: each starts its own Envoy and upstreams on a 2-core box.
 e2e-test: build

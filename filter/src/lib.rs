@@ -23,6 +23,7 @@ pub mod pairs;
 pub mod policy;
 pub mod proxy;
 pub mod route_metadata;
+pub mod route_metadata_cache;
 pub mod telemetry;
 
 /// The filter's version, logged at start-up.

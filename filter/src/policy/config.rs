@@ -478,6 +478,11 @@ impl Config {
 }
 
 impl ClusterPolicy {
+    /// `max_delay` in the per-try timeout's milliseconds.
+    pub fn max_delay_ms(&self) -> u64 {
+        u64::try_from(self.max_delay.as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub fn allows_method(&self, method: &[u8]) -> bool {
         self.idempotent_methods
             .iter()

@@ -29,6 +29,7 @@ use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
 use super::window::WindowGeometry;
 use crate::route_metadata::overrides_to_json;
+use crate::route_metadata_cache::RouteMetadataCache;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
 
 /// FNV-1a: a stable name for an unnamed route's overrides.
@@ -387,6 +388,8 @@ pub struct Worker {
     random: u64,
     /// Routes whose metadata overrides their cluster's policy.
     variants: Vec<RouteVariant>,
+    /// The routes' overrides as last read (the proxy glue reads them).
+    route_metadata: RouteMetadataCache,
     /// Lines to log on the next tick (`plan` has no logger).
     pending_log: Vec<(Level, String)>,
 }
@@ -434,8 +437,20 @@ impl Worker {
             tick_us,
             random: 0,
             variants: Vec::new(),
+            route_metadata: RouteMetadataCache::default(),
             pending_log: Vec::new(),
         }
+    }
+
+    /// The overrides of `route` to `cluster` as read within the last
+    /// ticks (`route_metadata_cache`); `None`: read them and `remember`.
+    pub fn route_metadata(&self, cluster: &[u8], route: &[u8]) -> Option<&[u8]> {
+        self.route_metadata.get(cluster, route, self.ticks)
+    }
+
+    pub fn remember_route_metadata(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8]) {
+        self.route_metadata
+            .remember(cluster, route, metadata, self.ticks);
     }
 
     /// Mixes `entropy` (the clock in ns) into the host choice's generator.
@@ -532,7 +547,7 @@ impl Worker {
             .and_then(|r| state.routes.lookup(r, max_routes));
         let past_delay = now_ns.map_or(0, |now| state.armed.fire(now, &mut state.hosts));
         if state.stale.is_none() && state.armed.clearly_stale() {
-            let max_ms = max_delay_ms(&state.policy);
+            let max_ms = state.policy.max_delay_ms();
             state.stale = state
                 .hedge_delay
                 .filter(|d| d.per_try_timeout_ms < max_ms)
@@ -1060,7 +1075,9 @@ impl Worker {
             LATENCY_QUANTILES.map(|q| window.quantile(q).map_or(0, |us| us.round() as u64));
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
-        state.timer.tick(1.0 - trigger_quantile(&state.policy));
+        // the share of requests the delay is meant to hedge
+        let planned = 1.0 - trigger_quantile(&state.policy);
+        state.timer.tick(planned);
         // the recent samples were hedged at the per-try timeout in force
         let censored_at = state.hedge_delay.map(|d| d.censoring_point_us());
         state.hedge_delay = hedge_delay(
@@ -1071,8 +1088,7 @@ impl Worker {
             state.budget.reserve_fill(),
         )
         .map(|d| state.timer.apply(d, &state.policy));
-        let planned = 1.0 - trigger_quantile(&state.policy);
-        let max_ms = max_delay_ms(&state.policy);
+        let max_ms = state.policy.max_delay_ms();
         if let Some(latch) = state.stale.as_mut() {
             if latch.released(state.hedge_delay, planned, max_ms) {
                 state.stale = None;
@@ -1245,7 +1261,7 @@ impl TimerSlack {
 
     /// The per-try timeout, later by the slack, within `max_delay`.
     fn apply(&self, mut delay: HedgeDelay, policy: &ClusterPolicy) -> HedgeDelay {
-        let max_ms = max_delay_ms(policy);
+        let max_ms = policy.max_delay_ms();
         delay.per_try_timeout_ms = (delay.per_try_timeout_ms + self.ms).min(max_ms.max(1));
         delay
     }
@@ -1318,11 +1334,6 @@ impl StaleLatch {
             && f64::from(self.above) < 3.0 * planned * f64::from(self.responses);
         caught_up || back || self.ticks >= MAX_LATCH_TICKS
     }
-}
-
-/// `max_delay` in the per-try timeout's milliseconds.
-fn max_delay_ms(policy: &ClusterPolicy) -> u64 {
-    u64::try_from(policy.max_delay.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The most the per-try timeout is set after the delay.

@@ -126,17 +126,34 @@ impl<H: Host> DownstreamRequest<H> {
             return self.carry_out(unplanned(request, self.trust_client_headers), None, None);
         };
         let cluster = self.host.property(CLUSTER_NAME).ok().flatten();
-        // a failed read is a route without overrides
-        let overrides = match &cluster {
-            Some(_) => self.host.property(ROUTE_OVERRIDES).ok().flatten(),
-            None => None,
-        }
-        .unwrap_or_default();
         // a failed read is an unnamed route: the cluster's delay
-        let route = match (&cluster, self.learns_routes || !overrides.is_empty()) {
-            (Some(_), true) => self.host.property(ROUTE_NAME).ok().flatten(),
+        let route = match &cluster {
+            Some(_) => self.host.property(ROUTE_NAME).ok().flatten(),
+            None => None,
+        };
+        // A named route's overrides as read within the last second, else
+        // read (a host call); a failed read is a route without overrides.
+        let cached = match (&cluster, &route, worker.try_borrow()) {
+            (Some(c), Some(r), Ok(w)) => w.route_metadata(c, r).map(<[u8]>::to_vec),
             _ => None,
         };
+        let overrides = match (cached, &cluster) {
+            (Some(cached), _) => cached,
+            (None, Some(c)) => {
+                let read = self
+                    .host
+                    .property(ROUTE_OVERRIDES)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                if let (Some(r), Ok(mut w)) = (&route, worker.try_borrow_mut()) {
+                    w.remember_route_metadata(c, r, &read);
+                }
+                read
+            }
+            (None, None) => Vec::new(),
+        };
+        let route = route.filter(|_| self.learns_routes || !overrides.is_empty());
         #[cfg(feature = "fault-injection")]
         super::fault_injection::inject(
             &self.host,
@@ -883,12 +900,32 @@ mod tests {
     }
 
     #[test]
-    fn without_route_learning_the_route_is_never_read() {
-        let (host, plugin) = warmed(r#"{"max_routes": 0}"#);
+    fn a_named_route_s_overrides_are_read_once_a_second() {
+        let (host, mut plugin) = warmed("{}");
+        let on_route = |host: &FakeHost| {
+            host.request(Some("backend"), GET);
+            host.set_property(ROUTE_NAME, b"r");
+        };
+        on_route(&host);
+        request(&plugin).on_request_headers();
+        // the cluster, the route's name, its overrides (it has none)
+        assert_eq!(host.calls_to("property"), 3, "{:?}", host.state().calls);
+        on_route(&host);
+        request(&plugin).on_request_headers();
+        // the overrides are known
+        assert_eq!(host.calls_to("property"), 2, "{:?}", host.state().calls);
+        for _ in 0..crate::route_metadata_cache::FRESH_TICKS {
+            plugin.on_tick();
+        }
+        on_route(&host);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("property"), 3, "read again");
+        // an unnamed route's are read each time
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();
-        // the cluster, and whether the route has overrides (it has none)
-        assert_eq!(host.calls_to("property"), 2, "{:?}", host.state().calls);
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert_eq!(host.calls_to("property"), 3, "{:?}", host.state().calls);
     }
 
     #[test]

@@ -277,6 +277,7 @@ fn main() {
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("cost") => return println!("{}", cost_section(&s, &progress).0),
         Ok("instructions") => return println!("{}", instructions_section(&s, &progress, None).0),
+        Ok("host-calls") => return println!("{}", host_calls_section(&progress)),
         Ok("virtual") => return println!("{}", virtual_section(&s).0),
         Ok("workloads") => return println!("{}", workloads_section(&s).0),
         _ => {}
@@ -688,7 +689,7 @@ fn aims_section(results: &[ScenarioOutcomes], quick: bool) -> String {
 /// The ratios by category (median and worst), and for workloads with
 /// several endpoints the ratio of the mix's p99 too.
 fn category_table(judged: &[workloads::Judged]) -> String {
-    let mut md = String::from("| category | workloads | p99 ratio median | worst | p999 ratio median | worst |\n|---|---|---|---|---|---|\n");
+    let mut md = String::from("| category | workloads | p99 ratio median | worst | p999 ratio median | worst | under the budget: p99 ratio median | worst | p999 ratio median | worst |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for category in workloads::CATEGORIES {
         let of: Vec<&workloads::Judged> = judged
             .iter()
@@ -698,8 +699,12 @@ fn category_table(judged: &[workloads::Judged]) -> String {
             workloads::spread(&of.iter().map(|j| j.p99_ratio()).collect::<Vec<_>>());
         let (p999_med, _, p999_max) =
             workloads::spread(&of.iter().map(|j| j.p999_ratio()).collect::<Vec<_>>());
+        let (b99_med, _, b99_max) =
+            workloads::spread(&of.iter().map(|j| j.budgeted_ratios().0).collect::<Vec<_>>());
+        let (b999_med, _, b999_max) =
+            workloads::spread(&of.iter().map(|j| j.budgeted_ratios().1).collect::<Vec<_>>());
         md.push_str(&format!(
-            "| {category} | {} | {p99_med:.2} | {p99_max:.2} | {p999_med:.2} | {p999_max:.2} |\n",
+            "| {category} | {} | {p99_med:.2} | {p99_max:.2} | {p999_med:.2} | {p999_max:.2} | {b99_med:.2} | {b99_max:.2} | {b999_med:.2} | {b999_max:.2} |\n",
             of.len()
         ));
     }
@@ -777,6 +782,10 @@ fn workloads_section(s: &Settings) -> (String, Value) {
     let (p99_med, p99_p90, p99_max) = workloads::spread(&p99);
     let (p999_med, p999_p90, p999_max) = workloads::spread(&p999);
     let (_, load_p90, load_max) = workloads::spread(&loads);
+    let b99: Vec<f64> = judged.iter().map(|j| j.budgeted_ratios().0).collect();
+    let b999: Vec<f64> = judged.iter().map(|j| j.budgeted_ratios().1).collect();
+    let (b99_med, b99_p90, b99_max) = workloads::spread(&b99);
+    let (b999_med, b999_p90, b999_max) = workloads::spread(&b999);
     let over = |v: &[f64], bound: f64| v.iter().filter(|r| **r > bound).count();
     let mut md = format!(
         "## Generated workloads against the fixed-delay frontier (virtual time)\n\n\
@@ -784,7 +793,11 @@ fn workloads_section(s: &Settings) -> (String, Value) {
          | | median | p90 | worst | workloads above 1.05 (p999: 1.10) |\n|---|---|---|---|---|\n\
          | p99 / frontier p99 | {p99_med:.2} | {p99_p90:.2} | {p99_max:.2} | {} of {} |\n\
          | p999 / frontier p999 | {p999_med:.2} | {p999_p90:.2} | {p999_max:.2} | {} of {} |\n\
-         | extra load | | {:.1}% | {:.1}% | {} above 10% |\n\n",
+         | extra load | | {:.1}% | {:.1}% | {} above 10% |\n\n\
+         The frontier above is the fixed delays as Envoy's own route would set them: no budget, so a fixed delay may hedge a third of the requests while a whole cluster is slow, and spend little the rest of the time. The filter's budget forbids that (at most its share of the traffic, plus a reserve of `budget_reserve` of earnings). Against the same delays set through the filter (`min_delay` = `max_delay`: under the same budget, what a user who fixed the delay in the filter gets):\n\n\
+         | | median | p90 | worst | workloads above 1.05 (p999: 1.10) |\n|---|---|---|---|---|\n\
+         | p99 / budgeted frontier p99 | {b99_med:.2} | {b99_p90:.2} | {b99_max:.2} | {} of {} |\n\
+         | p999 / budgeted frontier p999 | {b999_med:.2} | {b999_p90:.2} | {b999_max:.2} | {} of {} |\n\n",
         judged.len(),
         if s.quick { ", each at a quarter of its length (quick)" } else { "" },
         over(&p99, 1.05),
@@ -794,12 +807,16 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         load_p90 * 100.0,
         load_max * 100.0,
         over(&loads, 0.10),
+        over(&b99, 1.05),
+        judged.len(),
+        over(&b999, 1.10),
+        judged.len(),
     );
     md.push_str(&category_table(&judged));
-    md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load | refused |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load | refused | budgeted frontier p99 | p999 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for j in &judged {
         md.push_str(&format!(
-            "| {} | {}: {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.1} ms | {:.2} | {:.1}% | {:.1}% |\n",
+            "| {} | {}: {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.1} ms | {:.2} | {:.1}% | {:.1}% | {:.1} ms | {:.1} ms |\n",
             j.workload.id,
             j.workload.category,
             j.workload.describe(),
@@ -812,7 +829,9 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             j.frontier_p999,
             j.p999_ratio(),
             j.policy_load * 100.0,
-            j.policy_refused * 100.0
+            j.policy_refused * 100.0,
+            j.budgeted_frontier.0,
+            j.budgeted_frontier.1,
         ));
     }
     md.push_str(&format!(
@@ -832,6 +851,8 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             "policy": {"p99_ms": j.policy_p99, "p999_ms": j.policy_p999, "extra_load": j.policy_load},
             "frontier": {"p99_ms": j.frontier_p99, "p999_ms": j.frontier_p999},
             "sweep": j.sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
+            "budgeted_frontier": {"p99_ms": j.budgeted_frontier.0, "p999_ms": j.budgeted_frontier.1},
+            "budgeted_sweep": j.budgeted_sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     (md, json)
@@ -1093,6 +1114,90 @@ fn instructions_section(
         .map(|(n, r, i)| json!({"name": n, "instructions_per_request": r, "idle_instructions_per_second": i}))
         .collect::<Vec<_>>());
     (md, json)
+}
+
+/// What each kind of proxy-wasm host call costs Envoy, in instructions:
+/// the do-nothing filter as a probe (`fixtures/noop-filter`) making ten
+/// calls of one kind per request, against the same filter making none.
+/// `BENCH_ONLY=host-calls` (about a minute per row).
+fn host_calls_section(progress: &(dyn Fn(&str) + Sync)) -> String {
+    let mut md = String::from("### Host calls (callgrind)\n\n");
+    if !integration_tests::tools::callgrind::available() {
+        md.push_str("valgrind is not installed: not measured.\n\n");
+        return md;
+    }
+    const CALLS: u32 = 10;
+    let probes: &[(&str, &str)] = &[
+        ("none (the do-nothing filter)", ""),
+        ("read the request header map", "request headers"),
+        ("clock", "request now"),
+        (
+            "property `xds.cluster_name`",
+            "request property=xds.cluster_name",
+        ),
+        (
+            "property `xds.route_name`",
+            "request property=xds.route_name",
+        ),
+        (
+            "property `xds.route_metadata.filter_metadata.adaptive_hedge` (absent)",
+            "request property=xds.route_metadata.filter_metadata.adaptive_hedge",
+        ),
+        ("set one request header", "request set=x-probe"),
+        ("remove an absent request header", "request remove=x-absent"),
+        (
+            "write the request header map back with 5 headers added",
+            "request set_pairs=5",
+        ),
+        (
+            "property `response.code_details`",
+            "response property=response.code_details",
+        ),
+        (
+            "property `upstream.request_attempt_count`",
+            "response property=upstream.request_attempt_count",
+        ),
+        (
+            "property `upstream.address`",
+            "response property=upstream.address",
+        ),
+        (
+            "property `response.code`",
+            "response property=response.code",
+        ),
+        ("set one response header", "response set=x-probe"),
+    ];
+    let noop = envoy::repo_root().join("build/noop_filter.wasm");
+    let (requests, rate) = (500u64, 50.0);
+    md.push_str(&format!("Envoy (1 worker) under callgrind, {requests} GETs at {rate} req/s to an instant upstream, each making {CALLS} calls of one kind in one phase (the probe in `fixtures/noop-filter`); per call = (instructions per request - the do-nothing filter's) / {CALLS}. Each host call also crosses the V8 boundary, which the do-nothing filter pays once per callback.\n\n| host call | instructions per call |\n|---|---|\n"));
+    let mut baseline = None;
+    for (name, probe) in probes {
+        progress(&format!("  callgrind: {name}"));
+        let config = if probe.is_empty() {
+            String::new()
+        } else {
+            format!("probe: {probe} x{CALLS}")
+        };
+        let options = EnvoyOptions::new("envoy.yaml", &[0; 4])
+            .wasm(noop.clone())
+            .plugin_config(&config);
+        match integration_tests::tools::callgrind::count(options, requests, rate) {
+            Ok(c) if probe.is_empty() => {
+                baseline = Some(c.per_request);
+                md.push_str(&format!(
+                    "| {name} | {:.0}k per request |\n",
+                    c.per_request / 1e3
+                ));
+            }
+            Ok(c) => {
+                let per_call =
+                    baseline.map_or(f64::NAN, |b| (c.per_request - b) / f64::from(CALLS));
+                md.push_str(&format!("| {name} | {:.1}k |\n", per_call / 1e3));
+            }
+            Err(e) => md.push_str(&format!("| {name} | failed: {e} |\n")),
+        }
+    }
+    md
 }
 
 fn cost_once(options: &EnvoyOptions, seconds: f64) -> Result<(f64, f64), String> {

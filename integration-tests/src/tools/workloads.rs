@@ -387,6 +387,9 @@ pub struct Judged {
     pub no_hedging: (f64, f64),
     /// (delay ms, extra load, p99 ms, p999 ms) of each fixed delay.
     pub sweep: Vec<(f64, f64, f64, f64)>,
+    /// The same delays set through the filter (`min_delay` = `max_delay`):
+    /// under its budget, as a user who fixed the delay would have them.
+    pub budgeted_sweep: Vec<(f64, f64, f64, f64)>,
     pub policy_p99: f64,
     pub policy_p999: f64,
     pub policy_load: f64,
@@ -394,6 +397,8 @@ pub struct Judged {
     pub policy_refused: f64,
     pub frontier_p99: f64,
     pub frontier_p999: f64,
+    /// The frontier of `budgeted_sweep` at the policy's extra load.
+    pub budgeted_frontier: (f64, f64),
     /// The policy's p99 over all requests and the frontier's (differs from
     /// `policy_p99` only with several endpoints: see `Outcome::tail_ms`).
     pub mix_p99: (f64, f64),
@@ -405,6 +410,13 @@ impl Judged {
     }
     pub fn p999_ratio(&self) -> f64 {
         self.policy_p999 / self.frontier_p999
+    }
+    /// The ratios against the fixed delays under the budget.
+    pub fn budgeted_ratios(&self) -> (f64, f64) {
+        (
+            self.policy_p99 / self.budgeted_frontier.0,
+            self.policy_p999 / self.budgeted_frontier.1,
+        )
     }
 }
 
@@ -444,6 +456,9 @@ const SWEEP_QUANTILES: [f64; 16] = [
     0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 0.999,
 ];
 
+/// `max_delay`'s bound: longer fixed delays are not swept through the filter.
+const MAX_DELAY_MS: f64 = 300_000.0;
+
 fn run(w: &Workload, policy: &Policy, requests: u64) -> Result<Outcome, String> {
     virtual_time::run(
         w,
@@ -470,6 +485,17 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
         mix_p99.push((o.extra_load(), o.ms(0.99)));
     }
+    // the same delays through the filter, at zero config otherwise
+    let mut budgeted_sweep = Vec::new();
+    for &(delay_ms, ..) in sweep.iter().filter(|s| s.0 <= MAX_DELAY_MS) {
+        let fixed = Policy::Adaptive {
+            plugin_config: format!(
+                r#"{{"min_delay": "{delay_ms}ms", "max_delay": "{delay_ms}ms"}}"#
+            ),
+        };
+        let o = run(w, &fixed, requests)?;
+        budgeted_sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
+    }
     let policy = run(
         w,
         &Policy::Adaptive {
@@ -477,19 +503,26 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         },
         requests,
     )?;
-    let p99: Vec<(f64, f64)> = std::iter::once((0.0, none.tail_ms(0.99)))
-        .chain(sweep.iter().map(|s| (s.1, s.2)))
-        .collect();
-    let p999: Vec<(f64, f64)> = std::iter::once((0.0, none.tail_ms(0.999)))
-        .chain(sweep.iter().map(|s| (s.1, s.3)))
-        .collect();
+    let front = |sweep: &[(f64, f64, f64, f64)], at: fn(&(f64, f64, f64, f64)) -> f64, q| {
+        std::iter::once((0.0, none.tail_ms(q)))
+            .chain(sweep.iter().map(|s| (s.1, at(s))))
+            .collect::<Vec<(f64, f64)>>()
+    };
+    let p99 = front(&sweep, |s| s.2, 0.99);
+    let p999 = front(&sweep, |s| s.3, 0.999);
     let load = policy.extra_load();
+    let budgeted_frontier = (
+        frontier_at(&front(&budgeted_sweep, |s| s.2, 0.99), load),
+        frontier_at(&front(&budgeted_sweep, |s| s.3, 0.999), load),
+    );
     Ok(Judged {
         workload: w.clone(),
         no_hedging: (none.tail_ms(0.99), none.tail_ms(0.999)),
         frontier_p99: frontier_at(&p99, load),
         frontier_p999: frontier_at(&p999, load),
         sweep,
+        budgeted_sweep,
+        budgeted_frontier,
         policy_p99: policy.tail_ms(0.99),
         policy_p999: policy.tail_ms(0.999),
         mix_p99: (policy.ms(0.99), frontier_at(&mix_p99, load)),

@@ -1,0 +1,125 @@
+//! A worker's copy of its routes' overrides (the bytes of the property
+//! `xds.route_metadata.filter_metadata.adaptive_hedge`), so that a request
+//! on a known route does not read the property again.
+//!
+//! Why: every property read is a host call, several thousand instructions
+//! of Envoy's CPU, and the overrides change only with the route
+//! configuration (xDS), while the route's name is read anyway. An entry is
+//! trusted for `FRESH_TICKS` ticks and then read again, so a route whose
+//! metadata changes is followed within that (one second at the default
+//! 200 ms tick). Keyed by cluster and route name: an unnamed route is not
+//! cached (its metadata is read on each request, as before).
+//!
+//! Plain Rust: the caller reads the property and says which tick it is.
+
+/// Ticks an entry is trusted before the property is read again.
+pub const FRESH_TICKS: u64 = 5;
+/// Routes a worker remembers; past it the stalest entry makes room.
+pub const MAX_ROUTES: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct RouteMetadataCache {
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    cluster: Box<[u8]>,
+    route: Box<[u8]>,
+    metadata: Box<[u8]>,
+    read_at_tick: u64,
+}
+
+impl RouteMetadataCache {
+    /// The overrides last read for the route, if read within `FRESH_TICKS`
+    /// of `tick`; `None`: read the property (and `remember` it).
+    pub fn get(&self, cluster: &[u8], route: &[u8], tick: u64) -> Option<&[u8]> {
+        if route.is_empty() {
+            return None;
+        }
+        self.entries
+            .iter()
+            .find(|e| *e.route == *route && *e.cluster == *cluster)
+            .filter(|e| tick.saturating_sub(e.read_at_tick) < FRESH_TICKS)
+            .map(|e| &*e.metadata)
+    }
+
+    /// Keeps what the property said for the route at `tick`.
+    pub fn remember(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8], tick: u64) {
+        if route.is_empty() {
+            return;
+        }
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| *e.route == *route && *e.cluster == *cluster)
+        {
+            if *e.metadata != *metadata {
+                e.metadata = metadata.into();
+            }
+            e.read_at_tick = tick;
+            return;
+        }
+        if self.entries.len() >= MAX_ROUTES {
+            if let Some(stalest) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.read_at_tick)
+                .map(|(i, _)| i)
+            {
+                self.entries.swap_remove(stalest);
+            }
+        }
+        self.entries.push(Entry {
+            cluster: cluster.into(),
+            route: route.into(),
+            metadata: metadata.into(),
+            read_at_tick: tick,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_is_read_again_after_its_fresh_ticks() {
+        let mut cache = RouteMetadataCache::default();
+        assert_eq!(cache.get(b"c", b"r", 0), None);
+        cache.remember(b"c", b"r", b"meta", 10);
+        assert_eq!(cache.get(b"c", b"r", 10), Some(&b"meta"[..]));
+        assert_eq!(
+            cache.get(b"c", b"r", 10 + FRESH_TICKS - 1),
+            Some(&b"meta"[..])
+        );
+        assert_eq!(cache.get(b"c", b"r", 10 + FRESH_TICKS), None);
+        // xDS changed the route: the new bytes from the next read
+        cache.remember(b"c", b"r", b"", 20);
+        assert_eq!(cache.get(b"c", b"r", 21), Some(&b""[..]));
+    }
+
+    #[test]
+    fn routes_are_told_apart_by_cluster_and_unnamed_ones_are_not_kept() {
+        let mut cache = RouteMetadataCache::default();
+        cache.remember(b"a", b"r", b"one", 0);
+        cache.remember(b"b", b"r", b"two", 0);
+        assert_eq!(cache.get(b"a", b"r", 0), Some(&b"one"[..]));
+        assert_eq!(cache.get(b"b", b"r", 0), Some(&b"two"[..]));
+        cache.remember(b"a", b"", b"three", 0);
+        assert_eq!(cache.get(b"a", b"", 0), None);
+    }
+
+    #[test]
+    fn the_stalest_route_makes_room() {
+        let mut cache = RouteMetadataCache::default();
+        for i in 0..MAX_ROUTES as u64 {
+            cache.remember(b"c", format!("r{i}").as_bytes(), b"m", i);
+        }
+        cache.remember(b"c", b"new", b"m", 100);
+        assert_eq!(cache.entries.len(), MAX_ROUTES);
+        assert_eq!(cache.get(b"c", b"r0", 100), None, "the stalest went");
+        assert_eq!(cache.get(b"c", b"new", 100), Some(&b"m"[..]));
+    }
+}
