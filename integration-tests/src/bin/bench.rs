@@ -1077,8 +1077,19 @@ fn instructions_section(
         EnvoyOptions::new("envoy.yaml", &[0; 4]).plugin_config(r#"{"disabled": true}"#),
     ));
     let (requests, rate) = (1000u64, 50.0);
+    // BENCH_CONFIGS=adaptive: only the configurations whose names start so
+    // (about a minute and a half each)
+    let only: Option<Vec<String>> = std::env::var("BENCH_CONFIGS")
+        .ok()
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     for (name, options) in configs {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
+        {
+            continue;
+        }
         progress(&format!("  callgrind: {name}"));
         match integration_tests::tools::callgrind::count(options, requests, rate) {
             Ok(c) => rows.push((name, c.per_request, c.idle_per_second)),
@@ -1086,7 +1097,10 @@ fn instructions_section(
         }
     }
     md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests; the instructions of an equally long idle period (ticks, stats) are subtracted. At this rate every request is also a latency sample (3 host calls); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | idle instructions per second |\n|---|---|---|---|\n"));
-    let noop_count = rows.get(1).map_or(f64::NAN, |r| r.1);
+    let noop_count = rows
+        .iter()
+        .find(|r| r.0 == "do-nothing wasm filter")
+        .map_or(f64::NAN, |r| r.1);
     for (name, per_request, idle) in &rows {
         md.push_str(&format!(
             "| {name} | {:.0}k | {:+.0}k | {:.0}k |\n",
@@ -1095,7 +1109,9 @@ fn instructions_section(
             idle / 1e3
         ));
     }
-    if let ([none, noop, router, adaptive, ..], Some(cpu)) = (rows.as_slice(), cpu_no_filter_us) {
+    if let (None, [none, noop, router, adaptive, ..], Some(cpu)) =
+        (&only, rows.as_slice(), cpu_no_filter_us)
+    {
         let per_instruction_us = cpu / none.1;
         let filter = adaptive.1 - noop.1 - (router.1 - none.1);
         md.push_str(&format!(
@@ -1171,7 +1187,19 @@ fn host_calls_section(progress: &(dyn Fn(&str) + Sync)) -> String {
     let (requests, rate) = (500u64, 50.0);
     md.push_str(&format!("Envoy (1 worker) under callgrind, {requests} GETs at {rate} req/s to an instant upstream, each making {CALLS} calls of one kind in one phase (the probe in `fixtures/noop-filter`); per call = (instructions per request - the do-nothing filter's) / {CALLS}. Each host call also crosses the V8 boundary, which the do-nothing filter pays once per callback.\n\n| host call | instructions per call |\n|---|---|\n"));
     let mut baseline = None;
+    // BENCH_CONFIGS=clock,property: only the rows whose names start so
+    // (and the do-nothing filter's, which every row needs)
+    let only: Option<Vec<String>> = std::env::var("BENCH_CONFIGS")
+        .ok()
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
     for (name, probe) in probes {
+        if !probe.is_empty()
+            && only
+                .as_ref()
+                .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
+        {
+            continue;
+        }
         progress(&format!("  callgrind: {name}"));
         let config = if probe.is_empty() {
             String::new()
