@@ -2,6 +2,8 @@
 //! model, counting what arrives, completes and is cancelled.
 //!
 //! Per-request controls (request headers, for deterministic tests):
+//! - `x-sim-echo: <name>,<name>`: the named request headers' values as the
+//!   host received them, in `x-sim-echo-<name>` (joined by " | ").
 //! - `x-sim-delay-ms: N`: answer after N ms (every attempt).
 //! - `x-sim-first-delay-ms: N`: the FIRST attempt of this request (same
 //!   `x-request-id`, which Envoy keeps across retries and hedges) waits N ms;
@@ -549,6 +551,29 @@ async fn handle(
     // Envoy tells the upstream its timeout: with a per-try timeout armed, that
     // is the hedge delay. Echoed so tests can see what each worker armed.
     let expected_timeout = req.headers().get("x-envoy-expected-rq-timeout-ms").cloned();
+    // `x-sim-echo: a,b`: each named header's values as received, joined by
+    // " | ", in `x-sim-echo-<name>` (what reached the host, for tests)
+    let echo: Vec<(String, String)> = req
+        .headers()
+        .get("x-sim-echo")
+        .and_then(|v| v.to_str().ok())
+        .map(|names| {
+            names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| {
+                    let values: Vec<&str> = req
+                        .headers()
+                        .get_all(n)
+                        .iter()
+                        .filter_map(|v| v.to_str().ok())
+                        .collect();
+                    (format!("x-sim-echo-{n}"), values.join(" | "))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let fault = match req.headers().get("x-sim-fault").map(|v| v.as_bytes()) {
         Some(b"reset") => Some(Fault::Reset),
         Some(b"reset-mid-body") => Some(Fault::ResetMidBody),
@@ -613,6 +638,9 @@ async fn handle(
     }
     if straggler {
         response = response.header("x-sim-straggler", "1");
+    }
+    for (name, value) in echo {
+        response = response.header(name, value);
     }
     let response = response
         .status(u16::try_from(status).unwrap_or(200))
