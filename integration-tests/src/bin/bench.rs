@@ -296,14 +296,9 @@ fn main() {
     ));
     let mut scenario_results: Vec<ScenarioOutcomes> = Vec::new();
     // BENCH_SCENARIOS=steady,shift: only the scenarios whose names start so.
-    let only: Option<Vec<String>> = std::env::var("BENCH_SCENARIOS")
-        .ok()
-        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
+    let only = Selection::from_env("BENCH_SCENARIOS");
     for (name, plan) in plans(&s) {
-        if only
-            .as_ref()
-            .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
-        {
+        if !only.picks(name) {
             continue;
         }
         println!("scenario: {name}");
@@ -363,26 +358,23 @@ fn main() {
         }
         scenario_results.push((name.to_string(), outcomes));
     }
-    if only
-        .as_ref()
-        .is_none_or(|o| o.iter().any(|p| "streaming".starts_with(p.as_str())))
-    {
+    if only.picks("streaming") {
         md.push_str(&streaming_section(&s, &progress, &mut json_runs));
     }
-    if !s.quick && only.is_none() {
+    if !s.quick && only.is_all() {
         md.push_str(&closed_loop_section(&s, &progress, &mut json_runs));
     }
     md.push_str(&aims_section(&scenario_results, s.quick));
 
     // 3. the filter's own cost
     println!("[3/3] the filter's own cost (1 worker pinned to CPU 0, load on CPU 1)");
-    let (cost_md, cost_json) = if only.is_none() {
+    let (cost_md, cost_json) = if only.is_all() {
         cost_section(&s, &progress)
     } else {
         (String::new(), json!(null))
     };
     md.push_str(&cost_md);
-    let (inst_md, inst_json) = if only.is_none() {
+    let (inst_md, inst_json) = if only.is_all() {
         let none_cpu = cost_json["configurations"][0]["cpu_us_per_request_min"].as_f64();
         instructions_section(&s, &progress, none_cpu)
     } else {
@@ -1019,6 +1011,30 @@ fn cost_section(s: &Settings, progress: &(dyn Fn(&str) + Sync)) -> (String, Valu
     (md, json)
 }
 
+/// The names a `,`-separated environment variable of name prefixes picks
+/// (`BENCH_SCENARIOS`, `BENCH_CONFIGS`); unset, every name.
+struct Selection(Option<Vec<String>>);
+
+impl Selection {
+    fn from_env(var: &str) -> Selection {
+        Selection(
+            std::env::var(var)
+                .ok()
+                .map(|v| v.split(',').map(|p| p.trim().to_string()).collect()),
+        )
+    }
+
+    fn picks(&self, name: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|p| name.starts_with(p.as_str())))
+    }
+
+    fn is_all(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
 /// The configurations whose cost is compared (CPU time and instructions).
 fn cost_configs(noop: &std::path::Path) -> Vec<(&'static str, EnvoyOptions)> {
     vec![
@@ -1079,15 +1095,10 @@ fn instructions_section(
     let (requests, rate) = (1000u64, 50.0);
     // BENCH_CONFIGS=adaptive: only the configurations whose names start so
     // (about a minute and a half each)
-    let only: Option<Vec<String>> = std::env::var("BENCH_CONFIGS")
-        .ok()
-        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
+    let only = Selection::from_env("BENCH_CONFIGS");
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     for (name, options) in configs {
-        if only
-            .as_ref()
-            .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
-        {
+        if !only.picks(name) {
             continue;
         }
         progress(&format!("  callgrind: {name}"));
@@ -1109,8 +1120,8 @@ fn instructions_section(
             idle / 1e3
         ));
     }
-    if let (None, [none, noop, router, adaptive, ..], Some(cpu)) =
-        (&only, rows.as_slice(), cpu_no_filter_us)
+    if let (true, [none, noop, router, adaptive, ..], Some(cpu)) =
+        (only.is_all(), rows.as_slice(), cpu_no_filter_us)
     {
         let per_instruction_us = cpu / none.1;
         let filter = adaptive.1 - noop.1 - (router.1 - none.1);
@@ -1189,15 +1200,9 @@ fn host_calls_section(progress: &(dyn Fn(&str) + Sync)) -> String {
     let mut baseline = None;
     // BENCH_CONFIGS=clock,property: only the rows whose names start so
     // (and the do-nothing filter's, which every row needs)
-    let only: Option<Vec<String>> = std::env::var("BENCH_CONFIGS")
-        .ok()
-        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
+    let only = Selection::from_env("BENCH_CONFIGS");
     for (name, probe) in probes {
-        if !probe.is_empty()
-            && only
-                .as_ref()
-                .is_some_and(|o| !o.iter().any(|p| name.starts_with(p.as_str())))
-        {
+        if !probe.is_empty() && !only.picks(name) {
             continue;
         }
         progress(&format!("  callgrind: {name}"));
