@@ -1,4 +1,5 @@
-//! Reads the request headers from one `proxy_get_header_map_pairs` answer.
+//! Reads the request headers, and what the filter needs of the response
+//! headers, from one `proxy_get_header_map_pairs` answer each.
 //!
 //! Why one call: the filter needs `:method`, `upgrade`, whether it is a
 //! gRPC call (`content-type`, and then `:path`), and whether the
@@ -13,7 +14,7 @@
 
 #[cfg(test)]
 use crate::headers::ENDPOINT_HEADER;
-use crate::headers::{CONTROL_HEADERS, FIRST_BYTE_MARKER};
+use crate::headers::{CONTROL_HEADERS, FIRST_BYTE_MARKER, UPSTREAM_SERVICE_TIME};
 use crate::pairs;
 #[cfg(test)]
 use crate::pairs::serialise;
@@ -47,6 +48,32 @@ pub fn scan<'a>(buf: &'a [u8], endpoint_header: &[u8]) -> Option<Request<'a>> {
 /// `application/grpc`, or `application/grpc+proto` and the like; not
 /// gRPC-Web (`application/grpc-web`), which Envoy's grpc_web filter turns
 /// into gRPC before the router if the chain has it.
+/// What the filter reads of a response's headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// `:status`, if it is a number.
+    pub status: Option<u16>,
+    /// The router relayed it from an upstream (`UPSTREAM_SERVICE_TIME`).
+    /// Absent is not proof of a local reply: the operator may suppress
+    /// Envoy's headers.
+    pub relayed: bool,
+}
+
+/// The response headers in one buffer, as `scan` reads the request's.
+/// Why: `response.code` and `response.code_details` are a property read
+/// each (about 12.5k instructions apiece); the map is one read (about 16k).
+pub fn scan_response(buf: &[u8]) -> Option<ResponseHeaders> {
+    let mut found = ResponseHeaders::default();
+    pairs::for_each(buf, |name, value| {
+        if name == b":status" {
+            found.status = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+        } else if name == UPSTREAM_SERVICE_TIME.as_bytes() {
+            found.relayed = true;
+        }
+    })?;
+    Some(found)
+}
+
 fn is_grpc(content_type: &[u8]) -> bool {
     const GRPC: &[u8] = b"application/grpc";
     content_type.len() >= GRPC.len()
@@ -121,6 +148,24 @@ mod tests {
         let empty = serialise::<&str, &str>(&[]);
         let h = scan(&empty, E).unwrap();
         assert_eq!(h, Request::default());
+    }
+
+    #[test]
+    fn finds_the_status_and_whether_the_router_relayed_the_response() {
+        let buf = serialise(&[
+            (":status", "503"),
+            ("content-type", "text/plain"),
+            (UPSTREAM_SERVICE_TIME, "12"),
+        ]);
+        let r = scan_response(&buf).unwrap();
+        assert_eq!(r.status, Some(503));
+        assert!(r.relayed);
+        let local = serialise(&[(":status", "503"), ("content-length", "19")]);
+        let r = scan_response(&local).unwrap();
+        assert_eq!((r.status, r.relayed), (Some(503), false));
+        let odd = serialise(&[(":status", "5x3"), ("x-envoy-upstream-service-timex", "1")]);
+        assert_eq!(scan_response(&odd).unwrap(), ResponseHeaders::default());
+        assert_eq!(scan_response(b"\xff\xff\xff\xff"), None, "malformed");
     }
 
     #[test]

@@ -35,3 +35,8 @@ pub const DEBUG_HEADER: &str = "x-adaptive-hedge";
 /// addresses, one per attempt. Not `x-envoy-*`, so Envoy does not remove a
 /// client's copy: the filter does (or overwrites it).
 pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// Envoy's router adds it to every response it relays from an upstream
+/// (unless `suppress_envoy_headers`), never to a local reply: its presence
+/// says the response came from an upstream without a second host call.
+pub const UPSTREAM_SERVICE_TIME: &str = "x-envoy-upstream-service-time";

@@ -173,6 +173,15 @@ impl Host for Abi {
         unsafe { answer(code, data, size) }
     }
 
+    fn response_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus> {
+        let (mut data, mut size) = (null_mut(), 0usize);
+        // SAFETY: out-pointers to locals.
+        let code =
+            unsafe { proxy_get_header_map_pairs(MAP_RESPONSE_HEADERS, &mut data, &mut size) };
+        // SAFETY: the host allocated `size` bytes on Ok.
+        unsafe { answer(code, data, size) }
+    }
+
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
         header(MAP_REQUEST_HEADERS, name)
     }

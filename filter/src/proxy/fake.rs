@@ -66,6 +66,14 @@ impl FakeHost {
         s.calls.clear();
     }
 
+    /// The response's headers, as the upstream (or Envoy) sent them.
+    pub fn respond(&self, headers: &[(&str, &str)]) {
+        self.state_mut().response_headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+    }
+
     pub fn set_property(&self, path: &[u8], value: &[u8]) {
         self.state_mut()
             .properties
@@ -130,6 +138,15 @@ impl FakeHost {
     }
 }
 
+/// A header map in the host's pairs serialisation.
+fn pairs_of(map: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let pairs: Vec<(&str, &str)> = map
+        .iter()
+        .map(|(n, v)| (n.as_str(), std::str::from_utf8(v).unwrap_or("")))
+        .collect();
+    serialise(&pairs)
+}
+
 fn find(map: &[(String, Vec<u8>)], name: &str) -> Option<Vec<u8>> {
     map.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
 }
@@ -158,13 +175,12 @@ impl Host for FakeHost {
 
     fn request_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus> {
         self.call("request_header_pairs", "")?;
-        let s = self.state();
-        let pairs: Vec<(&str, &str)> = s
-            .request_headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), std::str::from_utf8(v).unwrap_or("")))
-            .collect();
-        Ok(Some(serialise(&pairs)))
+        Ok(Some(pairs_of(&self.state().request_headers)))
+    }
+
+    fn response_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.call("response_header_pairs", "")?;
+        Ok(Some(pairs_of(&self.state().response_headers)))
     }
 
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {

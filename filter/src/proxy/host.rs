@@ -43,6 +43,8 @@ pub trait Host: Clone + SharedStore + MetricsSink + Logger {
     /// Every request header in one buffer (the ABI's pairs serialisation,
     /// read by `header_pairs::scan`): one call instead of one per name.
     fn request_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Every response header in one buffer (`header_pairs::scan_response`).
+    fn response_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus>;
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus>;
     fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus>;
     /// Sets a request header, replacing every existing value.

@@ -276,7 +276,11 @@ fn main() {
     // BENCH_ONLY=cost | virtual: one section, printed (no files written)
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("cost") => return println!("{}", cost_section(&s, &progress).0),
-        Ok("instructions") => return println!("{}", instructions_section(&s, &progress, None).0),
+        Ok("instructions") => {
+            let (md, _, regressed) = instructions_section(&s, &progress, None);
+            println!("{md}");
+            return exit_if_regressed(regressed);
+        }
         Ok("host-calls") => return println!("{}", host_calls_section(&progress)),
         Ok("virtual") => return println!("{}", virtual_section(&s).0),
         Ok("workloads") => return println!("{}", workloads_section(&s).0),
@@ -374,11 +378,11 @@ fn main() {
         (String::new(), json!(null))
     };
     md.push_str(&cost_md);
-    let (inst_md, inst_json) = if only.is_all() {
+    let (inst_md, inst_json, regressed) = if only.is_all() {
         let none_cpu = cost_json["configurations"][0]["cpu_us_per_request_min"].as_f64();
         instructions_section(&s, &progress, none_cpu)
     } else {
-        (String::new(), json!(null))
+        (String::new(), json!(null), None)
     };
     md.push_str(&inst_md);
 
@@ -404,6 +408,7 @@ fn main() {
         out.display(),
         started.elapsed().as_secs_f64()
     );
+    exit_if_regressed(regressed);
 }
 
 fn envoy_version() -> String {
@@ -1076,21 +1081,30 @@ fn instructions_section(
     s: &Settings,
     progress: &(dyn Fn(&str) + Sync),
     cpu_no_filter_us: Option<f64>,
-) -> (String, Value) {
+) -> (String, Value, Option<String>) {
     let mut md = String::from("### In instructions (callgrind)\n\n");
     if s.quick {
         md.push_str("Not measured in a quick run.\n\n");
-        return (md, json!(null));
+        return (md, json!(null), None);
     }
     if !integration_tests::tools::callgrind::available() {
         md.push_str("valgrind is not installed: not measured.\n\n");
-        return (md, json!(null));
+        return (md, json!(null), None);
     }
     let noop = envoy::repo_root().join("build/noop_filter.wasm");
     let mut configs = cost_configs(&noop);
     configs.push((
         "adaptive-hedge, not arming (`disabled: true`)",
         EnvoyOptions::new("envoy.yaml", &[0; 4]).plugin_config(r#"{"disabled": true}"#),
+    ));
+    // both roles (the upstream one holds each marked attempt's headers
+    // until its first byte), armed on every request as above
+    configs.push((
+        "adaptive-hedge in first-byte mode (both roles)",
+        EnvoyOptions::new("envoy-streaming.yaml", &[0; 3]).edit(
+            r#"value: "{\"latency_signal\": \"first_byte\"}""#,
+            r#"value: "{\"latency_signal\": \"first_byte\", \"min_delay\": \"1s\", \"max_delay\": \"1s\", \"min_samples\": 10}""#,
+        ),
     ));
     let (requests, rate) = (1000u64, 50.0);
     // BENCH_CONFIGS=adaptive: only the configurations whose names start so
@@ -1107,7 +1121,7 @@ fn instructions_section(
             Err(e) => progress(&format!("  callgrind: {name}: failed: {e}")),
         }
     }
-    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests; the instructions of an equally long idle period (ticks, stats) are subtracted. At this rate every request is also a latency sample (3 host calls); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | idle instructions per second |\n|---|---|---|---|\n"));
+    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests; the instructions of an equally long idle period (ticks, stats) are subtracted. At this rate every request is also a latency sample (a clock read at each end, the response headers, the answering host's address); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | idle instructions per second |\n|---|---|---|---|\n"));
     let noop_count = rows
         .iter()
         .find(|r| r.0 == "do-nothing wasm filter")
@@ -1140,7 +1154,81 @@ fn instructions_section(
         .iter()
         .map(|(n, r, i)| json!({"name": n, "instructions_per_request": r, "idle_instructions_per_second": i}))
         .collect::<Vec<_>>());
-    (md, json)
+    let own: Vec<(&str, f64)> = rows
+        .iter()
+        .map(|(name, per_request, _)| (*name, per_request - noop_count))
+        .filter(|(_, own)| own.is_finite())
+        .collect();
+    let (check, regressed) = regression_check(&own);
+    md.push_str(&check);
+    (md, json, regressed)
+}
+
+/// The committed instruction counts the bench holds the filter to.
+const INSTRUCTIONS_BASELINE: &str = "bench/instructions-baseline.json";
+/// How much more than the baseline the filter's own work may cost.
+const INSTRUCTIONS_SLACK: f64 = 0.10;
+
+/// The filter's own instructions per request (over the do-nothing filter)
+/// against `INSTRUCTIONS_BASELINE`: a paragraph, and what regressed by more
+/// than `INSTRUCTIONS_SLACK`, if anything did. Rows the baseline does not
+/// name, or the run did not measure, are not checked.
+fn regression_check(own: &[(&str, f64)]) -> (String, Option<String>) {
+    let path = envoy::repo_root().join(INSTRUCTIONS_BASELINE);
+    let baseline: Value = match std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(v) => v,
+        Err(e) => {
+            let why = format!("{INSTRUCTIONS_BASELINE}: {e}");
+            return (format!("\nRegression check: {why}.\n\n"), Some(why));
+        }
+    };
+    let mut md = format!(
+        "\nRegression check against `{INSTRUCTIONS_BASELINE}` (the filter's own instructions per request, over the do-nothing filter; fails above +{:.0}%):\n\n",
+        INSTRUCTIONS_SLACK * 100.0
+    );
+    let mut regressed = Vec::new();
+    for (name, measured) in own {
+        let Some(allowed) = baseline["own_instructions_per_request"][*name].as_f64() else {
+            continue;
+        };
+        let change = measured / allowed - 1.0;
+        let verdict = if change > INSTRUCTIONS_SLACK {
+            regressed.push(format!(
+                "{name}: {:.0}k against {:.0}k",
+                measured / 1e3,
+                allowed / 1e3
+            ));
+            "**regressed**"
+        } else {
+            "ok"
+        };
+        md.push_str(&format!(
+            "- {name}: {:.0}k, baseline {:.0}k ({:+.1}%): {verdict}\n",
+            measured / 1e3,
+            allowed / 1e3,
+            change * 100.0
+        ));
+    }
+    md.push('\n');
+    let failure = (!regressed.is_empty()).then(|| {
+        format!(
+            "the filter's instructions per request regressed by more than {:.0}%: {}",
+            INSTRUCTIONS_SLACK * 100.0,
+            regressed.join("; ")
+        )
+    });
+    (md, failure)
+}
+
+/// Ends the bench with an error when the instruction count regressed.
+fn exit_if_regressed(regressed: Option<String>) {
+    if let Some(why) = regressed {
+        eprintln!("bench: {why}");
+        std::process::exit(1);
+    }
 }
 
 /// What each kind of proxy-wasm host call costs Envoy, in instructions:
@@ -1193,6 +1281,12 @@ fn host_calls_section(progress: &(dyn Fn(&str) + Sync)) -> String {
             "response property=response.code",
         ),
         ("set one response header", "response set=x-probe"),
+        ("read the response header map", "response headers"),
+        (
+            "read one response header (`:status`)",
+            "response get=:status",
+        ),
+        ("read one response header (absent)", "response get=x-absent"),
     ];
     let noop = envoy::repo_root().join("build/noop_filter.wasm");
     let (requests, rate) = (500u64, 50.0);

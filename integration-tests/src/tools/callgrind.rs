@@ -62,6 +62,15 @@ fn totals(path: &Path) -> Result<f64, String> {
     }
 }
 
+/// A directory removed when it goes out of scope.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Counts one configuration (its upstream ports are replaced by one instant host).
 pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, String> {
     let sim = Simulator::start(vec![Latency::fixed_ms(0)]).map_err(|e| e.to_string())?;
@@ -72,6 +81,8 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
         crate::harness::envoy::free_port()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    // removed on every return, a failed run's included
+    let _dir = RemoveOnDrop(dir.clone());
     let out = dir.join("callgrind.out");
     let mut options = options
         .concurrency(1)
@@ -120,7 +131,6 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
     let loaded = totals(&dir.join("callgrind.out.1"))?;
     let idle = totals(&dir.join("callgrind.out.2"))?;
     drop(envoy);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(Count {
         per_request: (loaded - idle) / requests as f64,
         idle_per_second: idle / busy.as_secs_f64(),

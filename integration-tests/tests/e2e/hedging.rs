@@ -61,6 +61,8 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
         .await
         .unwrap();
         assert_eq!(reply.status, 200);
+        // the router's mark the filter tells a relayed response by
+        assert!(reply.headers.contains_key("x-envoy-upstream-service-time"));
         assert_eq!(
             reply.headers.get("x-sim-attempt").map(String::as_str),
             Some("2"),
@@ -275,5 +277,52 @@ fn an_armed_request_reaches_the_host_with_its_own_headers_intact() {
         echoed(&with).iter().all(|(_, v)| v.is_some()),
         "every header reached the host: {with:?}"
     );
+    envoy.assert_no_vm_failure();
+}
+
+/// The filter tells a relayed response by the router's
+/// `x-envoy-upstream-service-time` (one read of the response headers): an
+/// operator who suppresses Envoy's headers loses that mark, and the filter
+/// falls back to `response.code_details`, still learning and hedging.
+#[test]
+fn suppressed_envoy_headers_still_learn_and_hedge() {
+    const ROUTER: &str =
+        r#""@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#;
+    let sim = Simulator::start(vec![steady(), steady(), steady()]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .plugin_config(ROOMY_BUDGET)
+            .edit(
+                ROUTER,
+                &format!("{ROUTER}\n                      suppress_envoy_headers: true"),
+            ),
+    )
+    .unwrap();
+    let (client, rt) = (load::client(), runtime());
+    rt.block_on(async {
+        common::warm_up(&client, &envoy, "/", 400, 4).await;
+        let delay = common::learned_delay_ms(&envoy, "backend");
+        assert!((4.0..=20.0).contains(&delay), "learned {delay} ms");
+        let reply = request(
+            &client,
+            "GET",
+            &envoy.url("/slow"),
+            &[("x-sim-first-delay-ms", "1000")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            reply.headers.get("x-envoy-upstream-service-time"),
+            None,
+            "the router's headers are suppressed"
+        );
+        assert_eq!(
+            reply.headers.get("x-sim-attempt").map(String::as_str),
+            Some("2"),
+            "the hedge should answer: {reply:?}; {}",
+            envoy.filter_stats("backend")
+        );
+    });
+    assert!(envoy.filter_stat("window_samples", "backend").unwrap_or(0) >= 100);
     envoy.assert_no_vm_failure();
 }

@@ -62,10 +62,20 @@ fn a_slow_host_gets_almost_no_traffic_and_never_a_hedge() {
             sim.counts()
         );
         common::warm_up(&client, &envoy, "/", 600, 4).await;
-        envoy.wait_for_stats("four hosts tracked, one on probation", |s| {
+        // Hosts are learned from the responses the traffic brings (on two
+        // workers, each exploring on its own), so keep it flowing until all
+        // four are tracked: at most 10 more rounds of 200.
+        let learned = |s: &std::collections::HashMap<String, i64>| {
             s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
                 && s.get(&filter_stat_name("hosts_on_probation", "backend")) == Some(&1)
-        });
+        };
+        for _ in 0..10 {
+            if learned(&envoy.stats()) {
+                break;
+            }
+            common::warm_up(&client, &envoy, "/", 200, 4).await;
+        }
+        envoy.wait_for_stats("four hosts tracked, one on probation", learned);
         sim.settle(Duration::from_secs(3));
         sim.reset_counts();
         let run =
