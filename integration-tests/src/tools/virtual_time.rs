@@ -162,6 +162,8 @@ pub struct RequestRecord {
     pub refused: bool,
     /// Not armed: outlier pacing held it back.
     pub paced: bool,
+    /// Not armed: the delay was known stale (the stale latch).
+    pub stale: bool,
     /// The per-try timeout it was armed with (ms), 0 when not armed.
     pub delay_ms: u32,
 }
@@ -235,6 +237,7 @@ struct Finished {
     issued_us: u64,
     refused: bool,
     paced: bool,
+    stale: bool,
 }
 
 /// A simulated host's address, as Envoy would report it.
@@ -393,10 +396,15 @@ pub fn run(
                 let balanced_host = next_host % scenario.hosts();
                 next_host += 1;
                 let t_ms = t as f64 / 1000.0;
+                // the clock the ticks read (`sync` above): one clock, as in
+                // Envoy, or the tick forgets every armed request as 53
+                // years past due and the stale latch never sees a fire
+                let now_ns = (t0_ms * 1000 + t) * 1000;
                 // requests alternate between the two workers
                 let wi = (issued % 2) as usize;
                 let mut refused = false;
                 let mut paced = false;
+                let mut stale = false;
                 let (delay_us, settlement, sample, pick, named) = match policy {
                     Policy::None => (None, None, None, None, None),
                     Policy::Static { delay_ms } => {
@@ -405,9 +413,10 @@ pub fn run(
                     Policy::Adaptive { .. } => {
                         // endpoints are the cluster's named routes
                         let route = route_names.get(endpoint).map(|n| n.as_bytes());
-                        match workers.get_mut(wi).map(|w| {
-                            w.plan_route(Some(b"backend"), route, &[], &GET, Some(t * 1000))
-                        }) {
+                        match workers
+                            .get_mut(wi)
+                            .map(|w| w.plan_route(Some(b"backend"), route, &[], &GET, Some(now_ns)))
+                        {
                             Some(plan) => {
                                 let sample = plan
                                     .cluster
@@ -434,6 +443,7 @@ pub fn run(
                                             refused = true;
                                         }
                                         paced = *skip == Skip::Paced;
+                                        stale = *skip == Skip::StaleDelay;
                                         (None, None, sample, plan.hosts.zip(plan.cluster), named)
                                     }
                                 }
@@ -486,6 +496,7 @@ pub fn run(
                         issued_us: t,
                         refused,
                         paced,
+                        stale,
                     }),
                 );
             }
@@ -503,6 +514,7 @@ pub fn run(
                 issued_us,
                 refused,
                 paced,
+                stale,
             }) => {
                 done += 1;
                 records.push(RequestRecord {
@@ -511,6 +523,7 @@ pub fn run(
                     attempts: attempts as u8,
                     refused,
                     paced,
+                    stale,
                     delay_ms: per_try_timeout_ms.unwrap_or(0) as u32,
                 });
                 hedges += attempts - 1;

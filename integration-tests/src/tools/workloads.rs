@@ -579,7 +579,7 @@ pub fn trace(w: &Workload, plugin_config: &str, scale: f64) -> Result<String, St
     for (name, o) in runs {
         let p99 = o.ms(0.99) * 1000.0;
         out += &format!(
-            "  {name}: p99 {:.1} ms, p999 {:.1} ms, extra {:.1}%\n  seg  reqs  hedged refused  paced delay_ms    p50     p99  >run_p99\n",
+            "  {name}: p99 {:.1} ms, p999 {:.1} ms, extra {:.1}%\n  seg  reqs  hedged refused  paced  stale delay_ms    p50     p99  >run_p99\n",
             o.ms(0.99),
             o.ms(0.999),
             o.extra_load() * 100.0
@@ -604,11 +604,12 @@ pub fn trace(w: &Workload, plugin_config: &str, scale: f64) -> Result<String, St
                 .map(|r| r.delay_ms as f64)
                 .collect();
             out += &format!(
-                "  {seg:3} {:5} {:6.1}% {:6.1}% {:5.1}% {:8.1} {:7.1} {:7.1} {:6}\n",
+                "  {seg:3} {:5} {:6.1}% {:6.1}% {:5.1}% {:5.1}% {:8.1} {:7.1} {:7.1} {:6}\n",
                 rows.len(),
                 rows.iter().filter(|r| r.attempts > 1).count() as f64 / n * 100.0,
                 rows.iter().filter(|r| r.refused).count() as f64 / n * 100.0,
                 rows.iter().filter(|r| r.paced).count() as f64 / n * 100.0,
+                rows.iter().filter(|r| r.stale).count() as f64 / n * 100.0,
                 armed.iter().sum::<f64>() / armed.len().max(1) as f64,
                 at(0.5),
                 at(0.99),
