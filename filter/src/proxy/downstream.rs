@@ -39,6 +39,7 @@ struct Origin {
     from_upstream: bool,
     status: Option<u16>,
 }
+
 /// The filter state the attribution goes to (`log_attribution`); Envoy
 /// names it `wasm.adaptive_hedge`.
 const FILTER_STATE: &str = "adaptive_hedge";
