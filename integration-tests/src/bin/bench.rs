@@ -1164,59 +1164,53 @@ fn instructions_section(
     (md, json, regressed)
 }
 
-/// The committed instruction counts the bench holds the filter to.
-const INSTRUCTIONS_BASELINE: &str = "bench/instructions-baseline.json";
-/// How much more than the baseline the filter's own work may cost.
-const INSTRUCTIONS_SLACK: f64 = 0.10;
-
 /// The filter's own instructions per request (over the do-nothing filter)
-/// against `INSTRUCTIONS_BASELINE`: a paragraph, and what regressed by more
-/// than `INSTRUCTIONS_SLACK`, if anything did. Rows the baseline does not
-/// name, or the run did not measure, are not checked.
+/// against `callgrind::BASELINE_FILE`: a paragraph, and what regressed by
+/// more than `callgrind::SLACK`, if anything did.
 fn regression_check(own: &[(&str, f64)]) -> (String, Option<String>) {
-    let path = envoy::repo_root().join(INSTRUCTIONS_BASELINE);
-    let baseline: Value = match std::fs::read_to_string(&path)
+    use integration_tests::tools::callgrind::{check_against_baseline, BASELINE_FILE, SLACK};
+    let baseline: Value = match std::fs::read_to_string(envoy::repo_root().join(BASELINE_FILE))
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
     {
         Ok(v) => v,
         Err(e) => {
-            let why = format!("{INSTRUCTIONS_BASELINE}: {e}");
+            let why = format!("{BASELINE_FILE}: {e}");
             return (format!("\nRegression check: {why}.\n\n"), Some(why));
         }
     };
     let mut md = format!(
-        "\nRegression check against `{INSTRUCTIONS_BASELINE}` (the filter's own instructions per request, over the do-nothing filter; fails above +{:.0}%):\n\n",
-        INSTRUCTIONS_SLACK * 100.0
+        "\nRegression check against `{BASELINE_FILE}` (the filter's own instructions per request, over the do-nothing filter; fails above +{:.0}%):\n\n",
+        SLACK * 100.0
     );
-    let mut regressed = Vec::new();
-    for (name, measured) in own {
-        let Some(allowed) = baseline["own_instructions_per_request"][*name].as_f64() else {
-            continue;
-        };
-        let change = measured / allowed - 1.0;
-        let verdict = if change > INSTRUCTIONS_SLACK {
-            regressed.push(format!(
-                "{name}: {:.0}k against {:.0}k",
-                measured / 1e3,
-                allowed / 1e3
-            ));
-            "**regressed**"
-        } else {
-            "ok"
-        };
+    let checked = check_against_baseline(own, &baseline);
+    for c in &checked {
         md.push_str(&format!(
-            "- {name}: {:.0}k, baseline {:.0}k ({:+.1}%): {verdict}\n",
-            measured / 1e3,
-            allowed / 1e3,
-            change * 100.0
+            "- {}: {:.0}k, baseline {:.0}k ({:+.1}%): {}\n",
+            c.name,
+            c.measured / 1e3,
+            c.allowed / 1e3,
+            c.change() * 100.0,
+            if c.regressed { "**regressed**" } else { "ok" }
         ));
     }
     md.push('\n');
+    let regressed: Vec<String> = checked
+        .iter()
+        .filter(|c| c.regressed)
+        .map(|c| {
+            format!(
+                "{}: {:.0}k against {:.0}k",
+                c.name,
+                c.measured / 1e3,
+                c.allowed / 1e3
+            )
+        })
+        .collect();
     let failure = (!regressed.is_empty()).then(|| {
         format!(
             "the filter's instructions per request regressed by more than {:.0}%: {}",
-            INSTRUCTIONS_SLACK * 100.0,
+            SLACK * 100.0,
             regressed.join("; ")
         )
     });

@@ -136,3 +136,82 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
         idle_per_second: idle / busy.as_secs_f64(),
     })
 }
+
+/// The committed instruction counts `make bench` holds the filter to
+/// (relative to the repository root).
+pub const BASELINE_FILE: &str = "bench/instructions-baseline.json";
+/// How much more than its baseline a row's own instructions may be.
+pub const SLACK: f64 = 0.10;
+
+/// One measured row against its baseline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checked {
+    pub name: String,
+    pub measured: f64,
+    pub allowed: f64,
+    pub regressed: bool,
+}
+
+impl Checked {
+    /// The change against the baseline, as a fraction (+0.05 is 5% more).
+    pub fn change(&self) -> f64 {
+        self.measured / self.allowed - 1.0
+    }
+}
+
+/// The rows of `own` (name, the filter's own instructions per request) that
+/// `baseline` (the JSON of `BASELINE_FILE`) names, each checked against
+/// `SLACK`; rows it does not name are not checked.
+pub fn check_against_baseline(own: &[(&str, f64)], baseline: &serde_json::Value) -> Vec<Checked> {
+    own.iter()
+        .filter_map(|(name, measured)| {
+            let allowed = baseline["own_instructions_per_request"][*name].as_f64()?;
+            Some(Checked {
+                name: (*name).to_string(),
+                measured: *measured,
+                allowed,
+                regressed: *measured > allowed * (1.0 + SLACK),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_more_than_ten_percent_above_its_baseline_regressed() {
+        let baseline =
+            serde_json::json!({"own_instructions_per_request": {"a": 100_000.0, "b": 50_000.0}});
+        let checked = check_against_baseline(
+            &[("a", 109_000.0), ("b", 56_000.0), ("not named", 1e9)],
+            &baseline,
+        );
+        let verdicts: Vec<(&str, bool)> = checked
+            .iter()
+            .map(|c| (c.name.as_str(), c.regressed))
+            .collect();
+        assert_eq!(verdicts, [("a", false), ("b", true)]);
+        assert!((checked[1].change() - 0.12).abs() < 1e-9);
+    }
+
+    /// The committed file parses, and names the rows the bench measures
+    /// with a figure each.
+    #[test]
+    fn the_committed_baseline_names_its_rows() {
+        let path = crate::harness::envoy::repo_root().join(BASELINE_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let baseline: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let rows = baseline["own_instructions_per_request"]
+            .as_object()
+            .unwrap();
+        for name in [
+            "adaptive-hedge",
+            "adaptive-hedge, not arming (`disabled: true`)",
+            "adaptive-hedge in first-byte mode (both roles)",
+        ] {
+            assert!(rows[name].as_f64().is_some_and(|n| n > 0.0), "{name}");
+        }
+    }
+}
