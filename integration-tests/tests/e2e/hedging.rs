@@ -38,19 +38,6 @@ fn warmed_up() -> (Simulator, Envoy, load::Client, tokio::runtime::Runtime) {
     (sim, envoy, client, rt)
 }
 
-/// A GET whose first attempt the upstream holds for 1 s (later ones answer
-/// at once).
-async fn slow_first_attempt(client: &load::Client, envoy: &Envoy) -> load::Reply {
-    request(
-        client,
-        "GET",
-        &envoy.url("/slow"),
-        &[("x-sim-first-delay-ms", "1000")],
-    )
-    .await
-    .unwrap()
-}
-
 /// After warm-up, a request whose first attempt the upstream holds for 1 s is
 /// answered by a hedge near the learned delay; the upstream saw exactly two
 /// attempts and the loser was cancelled.
@@ -65,7 +52,7 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
         );
 
         sim.reset_counts();
-        let reply = slow_first_attempt(&client, &envoy).await;
+        let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
         assert_eq!(reply.status, 200);
         // the router's mark the filter tells a relayed response by
         assert!(reply.headers.contains_key("x-envoy-upstream-service-time"));
@@ -309,7 +296,7 @@ fn suppressed_envoy_headers_still_learn_and_hedge() {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
         let delay = common::learned_delay_ms(&envoy, "backend");
         assert!((4.0..=20.0).contains(&delay), "learned {delay} ms");
-        let reply = slow_first_attempt(&client, &envoy).await;
+        let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
         assert_eq!(
             reply.headers.get("x-envoy-upstream-service-time"),
             None,

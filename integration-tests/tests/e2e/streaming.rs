@@ -138,18 +138,6 @@ fn warmed_up(h2: bool) -> (Simulator, Envoy, load::Client, tokio::runtime::Runti
     (sim, envoy, client, rt)
 }
 
-/// A streamed request whose first attempt sends its first byte 1 s late.
-async fn first_attempt_a_second_late(client: &load::Client, envoy: &Envoy) -> Reply {
-    request(
-        client,
-        "GET",
-        &envoy.url("/v1/completions"),
-        &[("x-sim-first-delay-ms", "1000")],
-    )
-    .await
-    .unwrap()
-}
-
 /// A streamed request whose first attempt's first byte is 1 s late is
 /// answered by the hedge near the learned delay, with the hedge's whole
 /// body; the loser is cancelled. The same request without the upstream role
@@ -164,7 +152,7 @@ fn first_byte_race(h2: bool) {
             envoy.filter_stats("backend")
         );
         sim.reset_counts();
-        let reply = first_attempt_a_second_late(&client, &envoy).await;
+        let reply = common::first_attempt_a_second_late(&client, &envoy, "/v1/completions").await;
         assert_eq!(
             reply.headers.get("x-sim-attempt").map(String::as_str),
             Some("2"),
@@ -217,7 +205,7 @@ fn first_byte_race(h2: bool) {
         common::warm_up(&client, &plain, "/", 200, 4).await;
         let reply = until_armed(&plain, || {
             sim.reset_counts();
-            first_attempt_a_second_late(&client, &plain)
+            common::first_attempt_a_second_late(&client, &plain, "/v1/completions")
         })
         .await;
         assert!(

@@ -104,3 +104,20 @@ pub fn hosts_of(reply: &load::Reply) -> (Option<&str>, Option<&str>) {
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
     envoy.flushed_filter_stat("hedge_delay_microseconds", cluster, 1) as f64 / 1000.0
 }
+
+/// A GET to `path` whose first attempt the simulator holds for 1 s (its
+/// response, or its first byte when streamed); later attempts answer at once.
+pub async fn first_attempt_a_second_late(
+    client: &Client,
+    envoy: &Envoy,
+    path: &str,
+) -> load::Reply {
+    load::request(
+        client,
+        "GET",
+        &envoy.url(path),
+        &[("x-sim-first-delay-ms", "1000")],
+    )
+    .await
+    .unwrap()
+}
