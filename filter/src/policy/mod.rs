@@ -11,6 +11,7 @@
 //! Streaming upstreams: `hold` is the upstream role's rule (which attempt's
 //! response headers wait for its first body byte).
 
+pub mod backend_latency;
 pub mod budget;
 pub mod config;
 pub mod decision;

@@ -24,10 +24,10 @@ const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
 /// What an evicted cluster's key holds (Envoy's shared data cannot delete
 /// a key): the magic and the version.
 const EVICTED_MAGIC: &[u8; 3] = b"AHE";
-/// 2: the long horizon; 3: the routes; 4: the hosts. A value of an older
-/// version (an older filter) is reset once, like any value that does not
-/// decode.
-pub const ENCODING_VERSION: u8 = 4;
+/// 2: the long horizon; 3: the routes; 4: the hosts; 5: the primaries cut
+/// short. A value of an older version (an older filter) is reset once,
+/// like any value that does not decode.
+pub const ENCODING_VERSION: u8 = 5;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
 /// Longer route names do not learn a delay of their own (Envoy Gateway's
@@ -38,8 +38,9 @@ pub const MAX_ROUTES: usize = 64;
 /// Hosts one cluster value holds at most: 64 x about 60 bytes (an IPv6
 /// address with its port is at most 47 bytes).
 pub const MAX_HOSTS: usize = 64;
-/// Longer `upstream.address` values are not tracked.
-pub const MAX_HOST_ADDRESS: usize = 255;
+/// Longer `upstream.address` values are not tracked (a Unix socket's path
+/// is at most 108 bytes).
+pub const MAX_HOST_ADDRESS: usize = 127;
 /// A cluster's value is at most this long (`SharedCluster::encode`).
 pub const MAX_CLUSTER_VALUE_BYTES: usize = 62 * 1024;
 /// What the filter keeps in shared memory at most, keys included.
@@ -112,6 +113,9 @@ impl fmt::Display for DecodeError {
 pub struct SharedCluster {
     pub window: ClusterWindow,
     pub long: LongHorizon,
+    /// Of the long horizon's samples, the primaries a hedge cut short
+    /// (`backend_latency`), halved alike.
+    pub cut_short: LongHorizon,
     /// Budget micro-tokens deposited by workers with a surplus.
     pub pool: u64,
     /// Requests seen by all workers (lifetime).
@@ -170,6 +174,7 @@ impl SharedCluster {
         SharedCluster {
             window: ClusterWindow::new(geometry),
             long: LongHorizon::default(),
+            cut_short: LongHorizon::default(),
             pool: 0,
             requests_total: 0,
             hedges_sent_total: 0,
@@ -179,7 +184,7 @@ impl SharedCluster {
     }
 
     /// The value's bytes, at most `MAX_CLUSTER_VALUE_BYTES`: the cluster's
-    /// own latencies and hosts always fit (58 KiB at worst); named routes
+    /// own latencies and hosts always fit (54.4 KiB at worst); named routes
     /// are kept in the order they were registered while they fit
     /// (`fit_routes`), and a route left out uses the cluster's delay.
     pub fn encode(&self) -> Vec<u8> {
@@ -214,6 +219,7 @@ impl SharedCluster {
         out.extend_from_slice(&self.hedges_sent_total.to_le_bytes());
         out.push(SLICES as u8);
         encode_latencies(&self.window, &self.long, &mut out);
+        encode_horizon(&self.cut_short, &mut out);
         let mut hosts_out = Vec::new();
         let hosts: Vec<&SharedHost> = self
             .hosts
@@ -290,6 +296,7 @@ impl SharedCluster {
             return Err(DecodeError::GeometryChanged);
         }
         let (window, long) = r.latencies(geometry)?;
+        let cut_short = r.horizon()?;
         let count = usize::from(r.u8()?);
         if count > MAX_ROUTES {
             return Err(DecodeError::Corrupt("too many routes"));
@@ -335,6 +342,7 @@ impl SharedCluster {
         Ok(SharedCluster {
             window,
             long,
+            cut_short,
             pool,
             requests_total,
             hedges_sent_total,
@@ -350,6 +358,11 @@ fn encode_latencies(window: &ClusterWindow, long: &LongHorizon, out: &mut Vec<u8
         out.extend_from_slice(&slice.epoch.to_le_bytes());
         encode_sketch(&slice.sketch, out);
     }
+    encode_horizon(long, out);
+}
+
+/// A long horizon: its period and sketch.
+fn encode_horizon(long: &LongHorizon, out: &mut Vec<u8>) {
     out.extend_from_slice(&long.period.to_le_bytes());
     encode_sketch(&long.sketch, out);
 }
@@ -480,11 +493,15 @@ impl<'a> Reader<'a> {
                 sketch: self.sketch()?,
             };
         }
-        let long = LongHorizon {
+        Ok((window, self.horizon()?))
+    }
+
+    /// What `encode_horizon` wrote.
+    fn horizon(&mut self) -> Result<LongHorizon, DecodeError> {
+        Ok(LongHorizon {
             period: self.u64()?,
             sketch: self.sketch()?,
-        };
-        Ok((window, long))
+        })
     }
 
     fn header(&mut self, magic: &[u8; 3]) -> Result<(), DecodeError> {
@@ -577,6 +594,7 @@ mod tests {
         c.window.merge(1_000_000, &s);
         c.window.merge(1_006_000, &s);
         c.long.merge(1_006_000, &s);
+        c.cut_short.merge(1_006_000, &s);
         c.pool = 3_500_000;
         c.requests_total = 1234;
         c.hedges_sent_total = 56;
@@ -627,9 +645,10 @@ mod tests {
         };
         let mut c = SharedCluster::new(g);
         fill(&mut c.window, &mut c.long);
+        c.cut_short.merge(now, &wide);
         for i in 0..MAX_HOSTS {
             c.hosts.push(SharedHost {
-                address: format!("{i:0>255}"),
+                address: format!("{i:0>width$}", width = MAX_HOST_ADDRESS),
                 cost_log: 8.0,
                 failures: 0.0,
                 samples: 1,
@@ -639,6 +658,8 @@ mod tests {
         }
         let alone = c.encode();
         assert!(alone.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", alone.len());
+        // the figure design.md states
+        assert_eq!(alone.len(), 55_719);
         for i in 0..MAX_ROUTES {
             let mut route = SharedRoute::new(format!("{i:0>255}"), g);
             fill(&mut route.window, &mut route.long);
@@ -648,8 +669,12 @@ mod tests {
         assert!(capped.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", capped.len());
         let back = SharedCluster::decode(&capped, g).unwrap();
         assert_eq!(
-            (back.window.clone(), back.long.clone()),
-            (c.window.clone(), c.long.clone())
+            (
+                back.window.clone(),
+                back.long.clone(),
+                back.cut_short.clone()
+            ),
+            (c.window.clone(), c.long.clone(), c.cut_short.clone())
         );
         assert_eq!(back.hosts, c.hosts);
         // none of the widest routes fits beside the widest cluster

@@ -77,6 +77,14 @@ impl Sketch {
         &self.counts
     }
 
+    /// The count of the bucket with this key (0 outside the sketch).
+    pub fn count_at_key(&self, key: i32) -> u64 {
+        key.checked_sub(self.offset)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.counts.get(i))
+            .map_or(0, |&n| u64::from(n))
+    }
+
     pub fn count(&self) -> u64 {
         self.total
     }

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::backend_latency::{backend_quantile, primary_cut_short};
 use super::budget::LocalBudget;
 use super::config::{policy_field_kind, ClusterPolicy, Config, Mode};
 use super::decision::{
@@ -115,6 +116,13 @@ metric_set! {
         LatencyP50Us = ("latency_p50_microseconds", Gauge),
         LatencyP90Us = ("latency_p90_microseconds", Gauge),
         LatencyP99Us = ("latency_p99_microseconds", Gauge),
+        /// Quantiles of the backend's own latency over the long horizon,
+        /// the primaries cut short by hedges accounted for
+        /// (`backend_latency`); 0 while not known (host choice off, or the
+        /// quantile past every primary that was not cut short).
+        BackendP50Us = ("backend_latency_p50_microseconds", Gauge),
+        BackendP90Us = ("backend_latency_p90_microseconds", Gauge),
+        BackendP99Us = ("backend_latency_p99_microseconds", Gauge),
     }
 }
 
@@ -170,6 +178,8 @@ pub struct ClusterState {
     budget: LocalBudget,
     /// Latencies seen since the last tick, not yet in the shared window.
     samples: Sketch,
+    /// Of `samples`, the primaries a hedge cut short.
+    cut_short: Sketch,
     /// Latency samples taken since the last tick; requests of the sampled
     /// population seen since the last tick; take every `stride`-th.
     samples_this_tick: u32,
@@ -196,6 +206,9 @@ pub struct ClusterState {
     shadow_p99_microseconds: Option<f64>,
     /// The window's p50, p90, p99 (µs) at the last sync; 0 while empty.
     latency_quantiles_us: [u64; 3],
+    /// The backend's own p50, p90, p99 (µs) at the last sync; 0 while
+    /// not known.
+    backend_quantiles_us: [u64; 3],
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
     /// The cluster's hosts (`host_choice`).
@@ -217,6 +230,7 @@ impl ClusterState {
             hedge_delay: None,
             window_samples: 0,
             samples: Sketch::new(),
+            cut_short: Sketch::new(),
             samples_this_tick: 0,
             population_this_tick: 0,
             stride: 1,
@@ -227,6 +241,7 @@ impl ClusterState {
             sent_unsynced: 0,
             shadow_p99_microseconds: None,
             latency_quantiles_us: [0; 3],
+            backend_quantiles_us: [0; 3],
             metrics: MetricTable::default(),
             reset_logged: false,
             shared_bytes: 0,
@@ -249,10 +264,12 @@ impl ClusterState {
         self.hedge_delay = None;
         self.window_samples = 0;
         self.samples.clear();
+        self.cut_short.clear();
         self.requests_unsynced = 0;
         self.sent_unsynced = 0;
         self.shadow_p99_microseconds = None;
         self.latency_quantiles_us = [0; 3];
+        self.backend_quantiles_us = [0; 3];
         self.shared_bytes = 0;
         self.routes = Routes::default();
     }
@@ -722,6 +739,14 @@ impl Worker {
         let per_try_us = response
             .per_try_timeout_ms
             .map(|ms| ms.saturating_mul(1000));
+        // the sample `on_response` took of this response: was it a primary
+        // cut short by its hedge? (the backend's own latency)
+        if let (false, Some(latency_us)) = (response.failed, response.latency_us) {
+            let primary_answered = pick.map(|p| p.primary == winner);
+            if primary_cut_short(latency_us, response.attempts, per_try_us, primary_answered) {
+                state.cut_short.add(latency_us as f64);
+            }
+        }
         // Any answer of the host clears the timeouts the filter left
         // standing there: a success resets outlier detection's count, and a
         // host answering 5xx is counted (and ejected) for its own errors,
@@ -1027,6 +1052,7 @@ impl Worker {
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
                 shared.long.merge(now_ms, &state.samples);
+                shared.cut_short.merge(now_ms, &state.cut_short);
                 state.routes.merge_into(
                     &mut shared.routes,
                     now_ms,
@@ -1065,6 +1091,7 @@ impl Worker {
         };
         state.revive = false;
         state.samples.clear();
+        state.cut_short.clear();
         state.requests_unsynced = 0;
         state.sent_unsynced = 0;
         state.budget = budget;
@@ -1073,6 +1100,14 @@ impl Worker {
         state.window_samples = window.count();
         state.latency_quantiles_us =
             LATENCY_QUANTILES.map(|q| window.quantile(q).map_or(0, |us| us.round() as u64));
+        // which attempt answered is known only where the filter chose hosts
+        state.backend_quantiles_us = if state.policy.host_choice {
+            let (long, cut) = (&shared.value.long.sketch, &shared.value.cut_short.sketch);
+            LATENCY_QUANTILES
+                .map(|q| backend_quantile(long, cut, q).map_or(0, |us| us.round() as u64))
+        } else {
+            [0; 3]
+        };
         // the current slice and the one before: one to two slices of samples
         let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
         // the share of requests the delay is meant to hedge
@@ -1182,6 +1217,7 @@ impl Worker {
             let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
             let shadow_p99 = state.shadow_p99_microseconds.map(|us| us.round() as u64);
             let [p50, p90, p99] = state.latency_quantiles_us;
+            let [b50, b90, b99] = state.backend_quantiles_us;
             state.metrics.flush(sink, Some(&state.name), |m| match m {
                 ClusterMetric::HedgeDelayUs => Some(delay),
                 ClusterMetric::HedgeDelayClamped => Some(clamped),
@@ -1196,6 +1232,9 @@ impl Worker {
                 ClusterMetric::LatencyP50Us => Some(p50),
                 ClusterMetric::LatencyP90Us => Some(p90),
                 ClusterMetric::LatencyP99Us => Some(p99),
+                ClusterMetric::BackendP50Us => Some(b50),
+                ClusterMetric::BackendP90Us => Some(b90),
+                ClusterMetric::BackendP99Us => Some(b99),
                 _ => None,
             });
             state.routes.flush_metrics(sink, &state.name);
@@ -2450,6 +2489,76 @@ mod tests {
         w.flush_metrics(&mut stats);
         assert!(won > 5, "{won}");
         assert_eq!(stats.get("adaptive_hedge.hedges_won_total.c"), Some(won));
+    }
+
+    /// One request in ten is slow (50 ms) at its primary and hedged after
+    /// 10 ms; the hedge answers at 12 ms, except one in twenty whose hedge
+    /// is slow too (the primary answers): clients get a p99 of 12 ms, and
+    /// the backend's p99, exported beside it, is the primaries' 50 ms.
+    #[test]
+    fn the_backend_s_tail_behind_the_hedges_is_exported() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        for i in 0..1000 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
+                continue;
+            };
+            let (winner, attempts, latency_us) = match i % 200 {
+                0 => (pick.primary, 2, 50_000),
+                1..=19 => ((pick.primary + 1) % 3, 2, 12_000),
+                _ => (pick.primary, 1, 2_000),
+            };
+            w.on_response(id, None, latency_us);
+            let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
+            answer(
+                &mut w,
+                id,
+                Some(pick),
+                &address,
+                attempts,
+                latency_us,
+                Some(10),
+            );
+            w.end_pick(id, pick);
+        }
+        w.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        let gauge = |name: &str| {
+            stats
+                .get(&format!("adaptive_hedge.{name}_microseconds.c"))
+                .unwrap() as f64
+        };
+        let near = |got: f64, want: f64| (got / want - 1.0).abs() < 0.02;
+        let [clients, p99, p50] =
+            ["latency_p99", "backend_latency_p99", "backend_latency_p50"].map(gauge);
+        assert!(near(clients, 12_000.0), "{clients}");
+        assert!(near(p99, 50_000.0), "{p99}");
+        assert!(near(p50, 2_000.0), "{p50}");
+        // without host choice which attempt answered is not known: 0
+        let mut w = Worker::new(config(r#"{"min_samples": 10, "host_choice": false}"#));
+        for _ in 0..100 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            if let Some(id) = plan.cluster {
+                w.on_response(id, None, 2_000);
+            }
+        }
+        w.sync(T0 + 400, &MemoryStore::default(), &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(
+            stats.get("adaptive_hedge.backend_latency_p99_microseconds.c"),
+            Some(0)
+        );
+        assert!(
+            stats
+                .get("adaptive_hedge.latency_p99_microseconds.c")
+                .unwrap()
+                > 0
+        );
     }
 
     #[test]

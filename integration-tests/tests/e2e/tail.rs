@@ -74,3 +74,74 @@ fn stragglers_are_beaten_by_hedges() {
         with * 100.0
     );
 }
+
+/// What hedging hides, exported: a cache in front of a slow backend (95%
+/// of answers at 20 ms, 5% misses at 200 ms), hedged at zero config.
+/// Clients get a p99 of a hedge's answer (about 45 ms); the backend's own
+/// p99 is a miss's, and the filter's `backend_latency_p99_microseconds`
+/// must be within 5% of the simulated hosts' own p99 (the model's, drawn a
+/// million times): the primaries cut short by a hedge are counted as at
+/// least that slow, not as answers (design.md, "What hedging hides").
+#[test]
+fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
+    use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
+    use integration_tests::harness::load;
+    use integration_tests::harness::sim::Simulator;
+    use integration_tests::runtime;
+    use rand::SeedableRng;
+    use std::time::Duration;
+
+    let model = Latency::Cache {
+        hit_mean_ms: 20.0,
+        hit_sd_ms: 0.5,
+        miss_prob: 0.05,
+        miss_mean_ms: 200.0,
+        miss_sd_ms: 4.0,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20);
+    let mut drawn: Vec<f64> = (0..1_000_000)
+        .map(|_| model.sample(&mut rng).as_secs_f64() * 1e6)
+        .collect();
+    drawn.sort_by(f64::total_cmp);
+    let truth_us = drawn[(drawn.len() - 1) * 99 / 100];
+
+    let sim = Simulator::start(vec![model.clone(), model.clone(), model]).unwrap();
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(r#"{"debug_header": true}"#),
+    )
+    .unwrap();
+    let client = load::client();
+    runtime().block_on(async {
+        crate::common::warm_up(&client, &envoy, "/", 300, 8).await;
+        let run =
+            load::closed_loop(&client, &envoy.url("/"), 12, 3000, Duration::from_secs(5)).await;
+        assert_eq!(run.ok(), 3000, "{}", run.summary());
+    });
+    // the gauges of a tick after the last response
+    let p99 = filter_stat_name("backend_latency_p99_microseconds", "backend");
+    let sent = filter_stat_name("hedges_sent_total", "backend");
+    let stats = envoy.wait_for_stats("the backend's p99 and hedges sent", |s| {
+        s.get(&p99).is_some_and(|v| *v > 0) && s.get(&sent).is_some_and(|v| *v > 50)
+    });
+    let backend_us = stats[&p99] as f64;
+    let clients_us = stats[&filter_stat_name("latency_p99_microseconds", "backend")] as f64;
+    println!(
+        "p99: hosts' own {:.1} ms, exported backend {:.1} ms, clients {:.1} ms",
+        truth_us / 1000.0,
+        backend_us / 1000.0,
+        clients_us / 1000.0
+    );
+    assert!(
+        clients_us < 0.5 * truth_us,
+        "hedging should hide the misses from clients: {}",
+        envoy.filter_stats("backend")
+    );
+    assert!(
+        (backend_us / truth_us - 1.0).abs() <= 0.05,
+        "backend p99 {:.1} ms, the hosts' own {:.1} ms: {}",
+        backend_us / 1000.0,
+        truth_us / 1000.0,
+        envoy.filter_stats("backend")
+    );
+    envoy.assert_no_vm_failure();
+}
