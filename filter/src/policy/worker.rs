@@ -293,6 +293,12 @@ impl ClusterState {
         self.window_samples
     }
 
+    /// The backend's own p50, p90, p99 (µs) at the last sync; 0 while not
+    /// known (`backend_latency`).
+    pub fn backend_quantiles_us(&self) -> [u64; 3] {
+        self.backend_quantiles_us
+    }
+
     /// The delay a request of `route` is armed with: the route's own once
     /// it has learned one, else the cluster's.
     pub fn route_delay(&self, route: Option<RouteId>) -> Option<HedgeDelay> {

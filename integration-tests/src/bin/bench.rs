@@ -718,6 +718,47 @@ fn category_table(judged: &[workloads::Judged]) -> String {
     md
 }
 
+/// How well the exported backend p99 (`backend_latency_p99_microseconds`)
+/// matched the primaries' own under the policy, by category.
+fn backend_p99_table(judged: &[workloads::Judged]) -> String {
+    let mut md = String::from(
+        "### The backend's own p99, as exported\n\nUnder the policy, the filter's `backend_latency_p99_microseconds` at the end of each run against the true p99 of every primary's own latency, hedged or not, both weighted as the long horizon weighs (halved every ten minutes); beside it, the p99 clients got, so weighted (what a gauge of the clients' latency would say). 'Not known': the gauge said 0 (the p99 past every primary not cut short).\n\n| category | workloads | within 5% | exported / true: p10 | median | p90 | not known | clients' p99 / true: median |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let quantile = |mut v: Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    for category in workloads::CATEGORIES.iter().copied().chain(["all"]) {
+        let of: Vec<&workloads::Judged> = judged
+            .iter()
+            .filter(|j| category == "all" || j.workload.category == category)
+            .collect();
+        let ratios: Vec<f64> = of
+            .iter()
+            .filter(|j| j.backend_p99.exported_ms > 0.0)
+            .map(|j| j.backend_p99.exported_ms / j.backend_p99.primaries_ms)
+            .collect();
+        let hidden: Vec<f64> = of
+            .iter()
+            .map(|j| j.backend_p99.clients_ms / j.backend_p99.primaries_ms)
+            .collect();
+        md.push_str(&format!(
+            "| {category} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} |\n",
+            of.len(),
+            ratios.iter().filter(|r| (**r - 1.0).abs() <= 0.05).count(),
+            quantile(ratios.clone(), 0.1),
+            quantile(ratios.clone(), 0.5),
+            quantile(ratios.clone(), 0.9),
+            of.len() - ratios.len(),
+            quantile(hidden, 0.5),
+        ));
+    }
+    md.push('\n');
+    md
+}
+
 fn workloads_section(s: &Settings) -> (String, Value) {
     let count: usize = std::env::var("BENCH_WORKLOADS")
         .ok()
@@ -810,6 +851,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         judged.len(),
     );
     md.push_str(&category_table(&judged));
+    md.push_str(&backend_p99_table(&judged));
     md.push_str("| # | workload | req/s | no hedging p99 | policy p99 | frontier p99 | ratio | policy p999 | frontier p999 | ratio | extra load | refused | budgeted frontier p99 | p999 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for j in &judged {
         md.push_str(&format!(
@@ -849,6 +891,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             "frontier": {"p99_ms": j.frontier_p99, "p999_ms": j.frontier_p999},
             "sweep": j.sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
             "budgeted_frontier": {"p99_ms": j.budgeted_frontier.0, "p999_ms": j.budgeted_frontier.1},
+            "backend_p99": {"exported_ms": j.backend_p99.exported_ms, "primaries_ms": j.backend_p99.primaries_ms, "clients_ms": j.backend_p99.clients_ms},
             "budgeted_sweep": j.budgeted_sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });

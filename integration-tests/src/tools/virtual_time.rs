@@ -16,6 +16,7 @@ use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::{Decision, Request, Settlement, Skip};
 use adaptive_hedge::policy::hosts::HostPick;
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
+use adaptive_hedge::policy::window::LONG_HALF_LIFE_MS;
 use adaptive_hedge::policy::worker::{HostResponse, Worker};
 use adaptive_hedge::telemetry::{Level, Logger};
 use hdrhistogram::Histogram;
@@ -151,6 +152,48 @@ pub struct Outcome {
     /// Every request: when it was issued, its latency, its attempts, whether
     /// the budget refused it (for traces: `workloads::trace`).
     pub log: Vec<RequestRecord>,
+    /// The backend's p99 the filter exported at the end (ms, worker 0's
+    /// `backend_latency_p99_microseconds`; 0 when not known), and the p99s
+    /// it estimates: of every primary's own latency, hedged or not, and of
+    /// the latency clients got, both weighted as the filter's long horizon
+    /// weighs its samples (halved every `LONG_HALF_LIFE_MS`).
+    pub backend_p99: BackendP99,
+}
+
+/// What the filter exported of the backend's p99, beside the truth.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackendP99 {
+    pub exported_ms: f64,
+    pub primaries_ms: f64,
+    pub clients_ms: f64,
+}
+
+/// A histogram whose samples weigh as the long horizon's do: a sample of a
+/// later half-life period counts twice as much as one of the period before.
+struct LongWeighted {
+    histogram: Histogram<u64>,
+    first_period: Option<u64>,
+}
+
+impl LongWeighted {
+    fn new() -> Result<Self, String> {
+        Ok(LongWeighted {
+            histogram: Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
+                .map_err(|e| e.to_string())?,
+            first_period: None,
+        })
+    }
+
+    fn record(&mut self, now_ms: u64, value_us: u64) {
+        let period = now_ms / LONG_HALF_LIFE_MS;
+        let first = *self.first_period.get_or_insert(period);
+        let weight = 1u64 << (period.saturating_sub(first)).min(40);
+        let _ = self.histogram.record_n(value_us.max(1), weight);
+    }
+
+    fn p99_ms(&self) -> f64 {
+        self.histogram.value_at_quantile(0.99) as f64 / 1000.0
+    }
 }
 
 /// One request of a run, for traces.
@@ -362,6 +405,8 @@ pub fn run(
     }
     let mut delay_timeline = Vec::new();
     let mut records = Vec::new();
+    let mut primaries = LongWeighted::new()?;
+    let mut clients = LongWeighted::new()?;
     let mut log = Quiet;
     while let Some(Reverse((t, _, event))) = events.pop() {
         match event {
@@ -455,6 +500,7 @@ pub fn run(
                 let primary_host = named.map_or(balanced_host, |(p, _)| p);
                 let primary =
                     scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
+                primaries.record(t0_ms + t / 1000, primary as u64);
                 let (elapsed, attempts, answered) = match delay_us {
                     Some(d) if primary > d => {
                         // the hedge goes to the host named second, else to
@@ -528,6 +574,7 @@ pub fn run(
                 });
                 hedges += attempts - 1;
                 let _ = latency_us.record(elapsed);
+                clients.record(t0_ms + issued_us / 1000, elapsed);
                 if let Some(h) = per_endpoint.get_mut(endpoint) {
                     let _ = h.record(elapsed);
                 }
@@ -570,6 +617,15 @@ pub fn run(
         .filter(|(k, _)| k.contains("/cluster/"))
         .map(|(_, (v, _))| v.len())
         .sum();
+    let exported_us = workers
+        .first()
+        .and_then(|w| w.cluster(0))
+        .map_or(0, |c| c.backend_quantiles_us()[2]);
+    let backend_p99 = BackendP99 {
+        exported_ms: exported_us as f64 / 1000.0,
+        primaries_ms: primaries.p99_ms(),
+        clients_ms: clients.p99_ms(),
+    };
     Ok(Outcome {
         scenario: scenario.name(),
         policy: policy.name(),
@@ -581,6 +637,7 @@ pub fn run(
         shared_bytes,
         budget_exhausted,
         log: records,
+        backend_p99,
     })
 }
 

@@ -402,6 +402,9 @@ pub struct Judged {
     /// The policy's p99 over all requests and the frontier's (differs from
     /// `policy_p99` only with several endpoints: see `Outcome::tail_ms`).
     pub mix_p99: (f64, f64),
+    /// The backend's p99 the filter exported under the policy, beside the
+    /// primaries' true one and the clients'.
+    pub backend_p99: virtual_time::BackendP99,
 }
 
 impl Judged {
@@ -528,6 +531,7 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         mix_p99: (policy.ms(0.99), frontier_at(&mix_p99, load)),
         policy_load: load,
         policy_refused: policy.budget_exhausted as f64 / policy.requests.max(1) as f64,
+        backend_p99: policy.backend_p99,
     })
 }
 
