@@ -271,9 +271,97 @@ impl LocalBudget {
     }
 }
 
+/// Refused shares above this are the delay's fault, not noise.
+const REFUSALS_TOLERATED: f64 = 0.02;
+/// How fast the pressure follows the refused share, per tick.
+const PRESSURE_GAIN: f64 = 0.5;
+/// The most the pressure can be: the guard never goes past the top 1%.
+const MAX_PRESSURE: f64 = 0.9;
+/// Eligible requests a tick needs for its refused share to count.
+const PRESSURE_MIN_REQUESTS: u32 = 10;
+
+/// How hard the budget has been refusing eligible requests: an integral
+/// of the refused share above `REFUSALS_TOLERATED`, tick by tick, in
+/// [0, `MAX_PRESSURE`].
+///
+/// Why: when the recent regime's quantile costs more than the budget pays
+/// (a brownout of the whole cluster whose slow mode is about the planned
+/// share, or a reserve spent), the budget refuses requests at random,
+/// stragglers included, while it pays for hedges on requests only a little
+/// slow. The refused share tells at once; the recent guard is then raised
+/// until it no longer refuses (`hedge_delay`), and comes back down slowly
+/// (at the gain times the tolerated share per judgement: from full
+/// pressure in 90 ticks, 18 s, where every tick holds enough requests)
+/// once it stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RefusalPressure {
+    value: f64,
+    eligible: u32,
+    refused: u32,
+}
+
+impl RefusalPressure {
+    /// An eligible request: armed, or refused for want of budget.
+    pub fn count(&mut self, refused: bool) {
+        self.eligible = self.eligible.saturating_add(1);
+        self.refused = self.refused.saturating_add(u32::from(refused));
+    }
+
+    /// On the tick: follows the refused share of the requests counted
+    /// since it last judged (a tick's, or at a low rate as many ticks' as
+    /// hold `PRESSURE_MIN_REQUESTS`).
+    pub fn tick(&mut self) {
+        if self.eligible < PRESSURE_MIN_REQUESTS {
+            return;
+        }
+        let share = f64::from(self.refused) / f64::from(self.eligible);
+        self.eligible = 0;
+        self.refused = 0;
+        self.value =
+            (self.value + PRESSURE_GAIN * (share - REFUSALS_TOLERATED)).clamp(0.0, MAX_PRESSURE);
+    }
+
+    pub fn value(&self) -> f64 {
+        self.value
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_raise_the_pressure_at_once_and_it_eases_slowly() {
+        let mut p = RefusalPressure::default();
+        let tick = |p: &mut RefusalPressure, eligible: u32, refused: u32| {
+            for i in 0..eligible {
+                p.count(i < refused);
+            }
+            p.tick();
+            p.value()
+        };
+        // ordinary noise: a refusal in a hundred changes nothing
+        assert_eq!(tick(&mut p, 100, 1), 0.0);
+        // 40% refused: up by a fifth in a tick, to the cap in five
+        assert!((tick(&mut p, 100, 40) - 0.19).abs() < 1e-9);
+        for _ in 0..4 {
+            tick(&mut p, 100, 40);
+        }
+        assert_eq!(p.value(), MAX_PRESSURE);
+        // no refusal: down by a hundredth a tick
+        let eased = tick(&mut p, 100, 0);
+        assert!((eased - (MAX_PRESSURE - 0.01)).abs() < 1e-9, "{eased}");
+        for _ in 0..200 {
+            tick(&mut p, 100, 0);
+        }
+        assert_eq!(p.value(), 0.0);
+        // at a low rate the ticks' requests add up until there are enough
+        let mut q = RefusalPressure::default();
+        for _ in 0..3 {
+            assert_eq!(tick(&mut q, 3, 2), 0.0);
+        }
+        assert!(tick(&mut q, 3, 2) > 0.2, "8 of 12 refused");
+    }
 
     const BURST: u64 = 10 * MICROS_PER_TOKEN;
     const TERMS: BudgetTerms = BudgetTerms {

@@ -25,6 +25,18 @@ impl HedgeDelay {
     }
 }
 
+/// What the budget says of the recent guard (see `hedge_delay`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BudgetState {
+    /// How full the reserve is, in [0, 1]: a full one pays for hedging
+    /// more of a slower regime.
+    pub reserve_fill: f64,
+    /// How hard the budget has been refusing armed requests lately, in
+    /// [0, 1) (`RefusalPressure`): the guard is raised toward the
+    /// distribution's top by that share of the way.
+    pub refusal_pressure: f64,
+}
+
 /// The delay to arm requests with; `None` while the long horizon holds
 /// fewer than `min_samples` (still warming up).
 ///
@@ -57,7 +69,7 @@ pub fn hedge_delay(
     long: &Sketch,
     recent: &Sketch,
     censored_at_us: Option<f64>,
-    reserve_fill: f64,
+    budget: BudgetState,
 ) -> Option<HedgeDelay> {
     if long.count() < policy.min_samples {
         return None;
@@ -65,7 +77,12 @@ pub fn hedge_delay(
     let trigger = trigger_quantile(policy);
     let mut quantile_us = long.quantile(trigger)?;
     if recent.count() >= policy.min_samples {
-        let guard = (trigger - reserve_fill.clamp(0.0, 1.0) * policy.budget_share()).max(0.5);
+        let fill = budget.reserve_fill.clamp(0.0, 1.0);
+        let guard = (trigger - fill * policy.budget_share()).max(0.5);
+        // refusals say the recent regime's quantile costs more than the
+        // budget pays: they would fall on random requests, stragglers
+        // included, so the guard hedges fewer, the latest first
+        let guard = guard + (1.0 - guard) * budget.refusal_pressure.clamp(0.0, 0.99);
         let recent_us = match censored_at_us {
             Some(d) => uncensored_quantile(recent, guard, d),
             None => recent.quantile(guard),
@@ -102,9 +119,12 @@ pub fn hedge_delay(
 /// without the correction the delay climbs toward the true quantile by
 /// about one hedge latency per turnover of the samples.
 ///
-/// Conservative by construction: samples censored at an earlier, lower
-/// delay, and requests that were not armed (not censored at all), both
-/// make the estimate lower than the truth, never higher.
+/// Samples censored at an earlier, lower delay make the estimate lower
+/// than the truth. Requests that were not armed (refused by the budget,
+/// not censored at all) make it higher: their uncut samples are divided by
+/// the survival of the cut ones. Under heavy refusals the delay can then
+/// jump (to `max_delay` for a tick, seen in virtual time); the refusal
+/// pressure (`budget::RefusalPressure`) keeps refusals rare.
 pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Option<f64> {
     let n = samples.count();
     if n == 0 {
@@ -271,7 +291,14 @@ mod tests {
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(&policy(10), &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
+        let d = hedge_delay(
+            &policy(10),
+            &window_of(&values),
+            &Sketch::new(),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
@@ -279,13 +306,27 @@ mod tests {
             max_delay: TextDuration(Duration::from_millis(3)),
             ..policy(10)
         };
-        let clamped = hedge_delay(&tight, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
+        let clamped = hedge_delay(
+            &tight,
+            &window_of(&values),
+            &Sketch::new(),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap();
         assert_eq!(clamped.per_try_timeout_ms, 3);
         let floor = ClusterPolicy {
             min_delay: TextDuration(Duration::from_millis(20)),
             ..policy(10)
         };
-        let floored = hedge_delay(&floor, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
+        let floored = hedge_delay(
+            &floor,
+            &window_of(&values),
+            &Sketch::new(),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap();
         assert_eq!(floored.per_try_timeout_ms, 20);
     }
 
@@ -297,18 +338,30 @@ mod tests {
         let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
         let mut window = window_of(&old);
         window.merge(&window_of(&slow));
-        let up = hedge_delay(&policy, &window, &window_of(&slow), None, 0.0)
-            .unwrap()
-            .delay_us as f64;
+        let up = hedge_delay(
+            &policy,
+            &window,
+            &window_of(&slow),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap()
+        .delay_us as f64;
         assert!(
             (up / 27_000.0 - 1.0).abs() < 0.02,
             "follows the shift up at once: {up}"
         );
         let mut window = window_of(&old);
         window.merge(&window_of(&fast));
-        let down = hedge_delay(&policy, &window, &window_of(&fast), None, 0.0)
-            .unwrap()
-            .delay_us as f64;
+        let down = hedge_delay(
+            &policy,
+            &window,
+            &window_of(&fast),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap()
+        .delay_us as f64;
         assert!(
             down > 8_000.0,
             "a shift down waits for the long horizon: {down}"
@@ -319,7 +372,7 @@ mod tests {
             &window_of(&old),
             &window_of(&slow[..49]),
             None,
-            0.0,
+            BudgetState::default(),
         )
         .unwrap()
         .delay_us as f64;
@@ -347,9 +400,18 @@ mod tests {
             })
             .collect();
         let delay = |fill| {
-            hedge_delay(&policy, &window_of(&old), &window_of(&recent), None, fill)
-                .unwrap()
-                .delay_us as f64
+            hedge_delay(
+                &policy,
+                &window_of(&old),
+                &window_of(&recent),
+                None,
+                BudgetState {
+                    reserve_fill: fill,
+                    refusal_pressure: 0.0,
+                },
+            )
+            .unwrap()
+            .delay_us as f64
         };
         let empty = delay(0.0);
         assert!(empty > 50_000.0, "15% > 8%: the recent quantile: {empty}");
@@ -382,7 +444,14 @@ mod tests {
             ..Default::default()
         };
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
-        let d = hedge_delay(&policy, &window_of(&values), &Sketch::new(), None, 0.0).unwrap();
+        let d = hedge_delay(
+            &policy,
+            &window_of(&values),
+            &Sketch::new(),
+            None,
+            BudgetState::default(),
+        )
+        .unwrap();
         assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
     }
 
@@ -427,6 +496,22 @@ mod tests {
         // never above the truth when the samples were cut lower than said
         let said_higher = uncensored_quantile(&hedged_at(low, &draws), 0.92, 2.0 * low).unwrap();
         assert!(said_higher <= 1.03 * truth, "{said_higher} vs {truth}");
+        // but above it when some requests were not armed (the budget
+        // refused them): their samples are not cut, and the rebuilding
+        // divides them by the survival of the cut ones
+        let half_armed: Vec<f64> = draws
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, h))| {
+                if i % 2 == 0 || p <= low {
+                    p
+                } else {
+                    p.min(low + h)
+                }
+            })
+            .collect();
+        let mixed = uncensored_quantile(&window_of(&half_armed), 0.92, low).unwrap();
+        assert!(mixed > 1.05 * truth, "{mixed} vs {truth}");
     }
 
     #[test]
@@ -437,7 +522,7 @@ mod tests {
             &window_of(&[1000.0; 99]),
             &Sketch::new(),
             None,
-            0.0,
+            BudgetState::default(),
         );
         assert_eq!(none, None);
         assert!(hedge_delay(
@@ -445,7 +530,7 @@ mod tests {
             &window_of(&[1000.0; 100]),
             &Sketch::new(),
             None,
-            0.0
+            BudgetState::default()
         )
         .is_some());
     }

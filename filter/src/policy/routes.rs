@@ -18,7 +18,7 @@
 
 use super::config::ClusterPolicy;
 use super::decision::RouteId;
-use super::hedge_delay::{hedge_delay, HedgeDelay};
+use super::hedge_delay::{hedge_delay, BudgetState, HedgeDelay};
 use super::shared_state::{SharedRoute, MAX_ROUTE_NAME};
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
@@ -55,7 +55,7 @@ struct RouteState {
 pub struct RecentTerms {
     pub slices: u64,
     pub cluster_censored_at: Option<f64>,
-    pub reserve_fill: f64,
+    pub budget: BudgetState,
 }
 
 /// One cluster's routes, as this worker knows them.
@@ -155,7 +155,7 @@ impl Routes {
         let RecentTerms {
             slices: recent_slices,
             cluster_censored_at,
-            reserve_fill,
+            budget,
         } = recent;
         for local in self.routes.iter_mut() {
             local.samples.clear();
@@ -167,8 +167,12 @@ impl Routes {
                 .iter()
                 .find(|s| s.name == local.name)
                 .and_then(|s| {
-                    let recent = s.window.snapshot_recent(now_ms, recent_slices);
-                    hedge_delay(policy, &s.long.sketch, &recent, censored_at, reserve_fill)
+                    let recent = s.window.snapshot_recent_at_least(
+                        now_ms,
+                        recent_slices,
+                        policy.min_samples,
+                    );
+                    hedge_delay(policy, &s.long.sketch, &recent, censored_at, budget)
                 })
                 .map(&adjust);
         }
@@ -198,7 +202,10 @@ mod tests {
     const TERMS: RecentTerms = RecentTerms {
         slices: 2,
         cluster_censored_at: None,
-        reserve_fill: 0.0,
+        budget: BudgetState {
+            reserve_fill: 0.0,
+            refusal_pressure: 0.0,
+        },
     };
 
     fn geometry() -> WindowGeometry {

@@ -100,6 +100,22 @@ impl ClusterWindow {
         recent
     }
 
+    /// The newest slices that hold at least `min_count` samples together,
+    /// and at least `min_slices` of them (the whole window if it holds
+    /// fewer). Why: at a low rate two slices hold too few samples for a
+    /// quantile, and a guard that is dropped then leaves the delay at the
+    /// long horizon's (a brownout's stale delay) whenever a slice turns
+    /// over; more slices answer later but always answer.
+    pub fn snapshot_recent_at_least(&self, now_ms: u64, min_slices: u64, min_count: u64) -> Sketch {
+        let mut recent = self.snapshot_recent(now_ms, min_slices);
+        let mut slices = min_slices;
+        while recent.count() < min_count && slices < SLICES as u64 {
+            slices += 1;
+            recent = self.snapshot_recent(now_ms, slices);
+        }
+        recent
+    }
+
     /// All samples of the window as one sketch.
     pub fn snapshot(&self, now_ms: u64) -> Sketch {
         let now_epoch = self.geometry.epoch(now_ms);
@@ -197,6 +213,18 @@ mod tests {
         assert_eq!(w.snapshot_recent(10_000, 2).count(), 60);
         assert_eq!(w.snapshot_recent(10_000, 1).count(), 40);
         assert_eq!(w.snapshot(10_000).count(), 70);
+    }
+
+    #[test]
+    fn recent_widens_until_it_holds_enough() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(30)));
+        w.merge(0, &batch(1000.0, 50));
+        w.merge(5_000, &batch(1000.0, 30));
+        w.merge(10_000, &batch(1000.0, 40));
+        assert_eq!(w.snapshot_recent_at_least(10_000, 2, 60).count(), 70);
+        assert_eq!(w.snapshot_recent_at_least(10_000, 2, 71).count(), 120);
+        // never more than the window
+        assert_eq!(w.snapshot_recent_at_least(10_000, 2, 1_000).count(), 120);
     }
 
     #[test]

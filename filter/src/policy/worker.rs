@@ -11,14 +11,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::backend_latency::{backend_quantile, primary_cut_short};
-use super::budget::LocalBudget;
+use super::budget::{LocalBudget, RefusalPressure};
 use super::config::{policy_field_kind, ClusterPolicy, Config, Mode};
 use super::decision::{
     self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request, RouteId,
     Settlement, Skip,
 };
 use super::hedge_delay::{
-    budget_terms, hedge_delay, hedged_quantile, trigger_quantile, HedgeDelay,
+    budget_terms, hedge_delay, hedged_quantile, trigger_quantile, BudgetState, HedgeDelay,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::routes::{RecentTerms, Routes};
@@ -176,6 +176,9 @@ pub struct ClusterState {
     /// Samples in the shared window at the last tick (all workers).
     window_samples: u64,
     budget: LocalBudget,
+    /// How hard the budget has been refusing lately (raises the delay's
+    /// recent guard).
+    refusals: RefusalPressure,
     /// Latencies seen since the last tick, not yet in the shared window.
     samples: Sketch,
     /// Of `samples`, the primaries a hedge cut short.
@@ -225,6 +228,7 @@ impl ClusterState {
         ClusterState {
             name,
             budget: LocalBudget::new(budget_terms(&policy)),
+            refusals: RefusalPressure::default(),
             policy,
             tracking: Tracking::Pending,
             hedge_delay: None,
@@ -272,6 +276,14 @@ impl ClusterState {
         self.backend_quantiles_us = [0; 3];
         self.shared_bytes = 0;
         self.routes = Routes::default();
+    }
+
+    /// What the budget says of the delay's recent guard.
+    fn budget_state(&self) -> BudgetState {
+        BudgetState {
+            reserve_fill: self.budget.reserve_fill(),
+            refusal_pressure: self.refusals.value(),
+        }
     }
 
     /// The cluster's hosts as this worker knows them.
@@ -341,6 +353,7 @@ impl ClusterState {
         }
         match &plan.decision {
             Decision::Arm(a) => {
+                self.refusals.count(false);
                 let delay_us = a.per_try_timeout_ms * 1000;
                 self.budget
                     .reserve(a.hedges, delay_us.div_ceil(tick_us.max(1)));
@@ -352,6 +365,7 @@ impl ClusterState {
                 self.metrics.add(metric, u64::from(a.hedges));
             }
             Decision::Skip(Skip::BudgetExhausted) => {
+                self.refusals.count(true);
                 self.metrics.add(ClusterMetric::BudgetExhausted, 1)
             }
             Decision::Skip(Skip::Paced | Skip::StaleDelay) => {
@@ -868,6 +882,7 @@ impl Worker {
             let requests = std::mem::take(&mut c.requests_this_tick);
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
+            c.refusals.tick();
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
             c.population_this_tick = 0;
@@ -1115,7 +1130,11 @@ impl Worker {
             [0; 3]
         };
         // the current slice and the one before: one to two slices of samples
-        let recent = shared.value.window.snapshot_recent(now_ms, RECENT_SLICES);
+        let recent = shared.value.window.snapshot_recent_at_least(
+            now_ms,
+            RECENT_SLICES,
+            state.policy.min_samples,
+        );
         // the share of requests the delay is meant to hedge
         let planned = 1.0 - trigger_quantile(&state.policy);
         state.timer.tick(planned);
@@ -1126,7 +1145,7 @@ impl Worker {
             &shared.value.long.sketch,
             &recent,
             censored_at,
-            state.budget.reserve_fill(),
+            state.budget_state(),
         )
         .map(|d| state.timer.apply(d, &state.policy));
         let max_ms = state.policy.max_delay_ms();
@@ -1152,7 +1171,7 @@ impl Worker {
                 ),
             );
         }
-        let reserve_fill = state.budget.reserve_fill();
+        let budget = state.budget_state();
         let (timer, policy) = (&state.timer, &state.policy);
         state.routes.refresh(
             &shared.value.routes,
@@ -1161,7 +1180,7 @@ impl Worker {
             RecentTerms {
                 slices: RECENT_SLICES,
                 cluster_censored_at: censored_at,
-                reserve_fill,
+                budget,
             },
             |d| timer.apply(d, policy),
         );
