@@ -2367,6 +2367,34 @@ mod tests {
         );
     }
 
+    /// Plans `n` requests of cluster "c" and answers each one whose hosts
+    /// the worker chose as `outcome(i, pick)` says: the host that answered,
+    /// the attempts and the latency (µs), armed at 10 ms; `sampled`: its
+    /// latency is a sample too. Returns how many a later attempt won.
+    fn answer_races(
+        w: &mut Worker,
+        n: usize,
+        sampled: bool,
+        outcome: impl Fn(usize, HostPick) -> (usize, u64, u64),
+    ) -> u64 {
+        let mut won = 0;
+        for i in 0..n {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
+                continue;
+            };
+            let (winner, attempts, latency_us) = outcome(i, pick);
+            won += u64::from(winner != pick.primary);
+            if sampled {
+                w.on_response(id, None, latency_us);
+            }
+            let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
+            answer(w, id, Some(pick), &address, attempts, latency_us, Some(10));
+            w.end_pick(id, pick);
+        }
+        won
+    }
+
     /// Hosts h0..h2 learned and shared (one tick), all equally fast.
     fn three_known_hosts(w: &mut Worker, store: &MemoryStore, log: &mut Lines) {
         let mut rr = 0;
@@ -2482,30 +2510,11 @@ mod tests {
         // half the races, evenly spread: nobody on probation
         let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
         three_known_hosts(&mut w, &store, &mut log);
-        let mut won = 0;
-        for i in 0..300 {
-            let plan = w.plan(Some(b"c"), None, &GET);
-            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
-                continue;
-            };
-            let (winner, attempts) = match i % 20 {
-                0 => ((pick.primary + 1) % 3, 2),
-                10 => (pick.primary, 2),
-                _ => (pick.primary, 1),
-            };
-            won += u64::from(winner != pick.primary);
-            let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
-            answer(
-                &mut w,
-                id,
-                Some(pick),
-                &address,
-                attempts,
-                if attempts == 2 { 12_000 } else { 2_000 },
-                Some(10),
-            );
-            w.end_pick(id, pick);
-        }
+        let won = answer_races(&mut w, 300, false, |i, pick| match i % 20 {
+            0 => ((pick.primary + 1) % 3, 2, 12_000),
+            10 => (pick.primary, 2, 12_000),
+            _ => (pick.primary, 1, 2_000),
+        });
         w.sync(T0 + 400, &store, &mut log);
         let hosts = w.cluster(0).unwrap().hosts();
         assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 0);
@@ -2526,29 +2535,11 @@ mod tests {
         let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
         let mut log = Lines::default();
         three_known_hosts(&mut w, &store, &mut log);
-        for i in 0..1000 {
-            let plan = w.plan(Some(b"c"), None, &GET);
-            let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) else {
-                continue;
-            };
-            let (winner, attempts, latency_us) = match i % 200 {
-                0 => (pick.primary, 2, 50_000),
-                1..=19 => ((pick.primary + 1) % 3, 2, 12_000),
-                _ => (pick.primary, 1, 2_000),
-            };
-            w.on_response(id, None, latency_us);
-            let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
-            answer(
-                &mut w,
-                id,
-                Some(pick),
-                &address,
-                attempts,
-                latency_us,
-                Some(10),
-            );
-            w.end_pick(id, pick);
-        }
+        answer_races(&mut w, 1000, true, |i, pick| match i % 200 {
+            0 => (pick.primary, 2, 50_000),
+            1..=19 => ((pick.primary + 1) % 3, 2, 12_000),
+            _ => (pick.primary, 1, 2_000),
+        });
         w.sync(T0 + 200, &store, &mut log);
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
