@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, request};
-use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::harness::sim::{HostCounts, Latency, Simulator};
 use integration_tests::runtime;
 
 fn lognormal(mean_ms: f64, sd_ms: f64) -> Latency {
@@ -238,10 +238,11 @@ fn each_route_learns_its_own_delay() {
     envoy.assert_no_vm_failure();
 }
 
-/// An outage: every request is slower than the delay (pinned by max_delay)
-/// for the whole run. Extra upstream attempts stay within the budget + 1 point.
-#[test]
-fn outage_extra_load_stays_within_budget() {
+/// Warms a cluster of three 2 ms hosts up (`max_delay: 5ms`), turns every
+/// host 40 ms slow and sends `requests` at `rate` req/s: every armed
+/// request hedges. The run, the attempts the hosts counted since the
+/// warm-up, and the Envoy.
+fn outage(rate: f64, requests: u64) -> (load::LoadResult, HostCounts, Envoy) {
     let sim = Simulator::start(vec![
         lognormal(2.0, 0.3),
         lognormal(2.0, 0.3),
@@ -254,7 +255,6 @@ fn outage_extra_load_stays_within_budget() {
     )
     .unwrap();
     let client = load::client();
-    let requests = 4000u64;
     let run = runtime().block_on(async {
         common::warm_up(&client, &envoy, "/", 300, 4).await;
         sim.reset_counts();
@@ -262,14 +262,23 @@ fn outage_extra_load_stays_within_budget() {
         load::open_loop(
             &client,
             &envoy.url("/"),
-            400.0,
+            rate,
             requests,
             Duration::from_secs(10),
         )
         .await
     });
+    let counts = sim.settle(Duration::from_secs(5));
+    (run, counts, envoy)
+}
+
+/// An outage: every request is slower than the delay (pinned by max_delay)
+/// for the whole run. Extra upstream attempts stay within the budget + 1 point.
+#[test]
+fn outage_extra_load_stays_within_budget() {
+    let requests = 4000u64;
+    let (run, t, envoy) = outage(400.0, requests);
     assert_eq!(run.ok(), requests, "{}", run.summary());
-    let t = sim.settle(Duration::from_secs(5));
     let extra = t.arrivals as f64 / requests as f64 - 1.0;
     println!(
         "outage: {} requests, {} upstream attempts, extra load {:.1}%",
@@ -468,26 +477,8 @@ fn outage_extra_load_at_a_high_rate() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000.0);
-    let sim = Simulator::start(vec![
-        lognormal(2.0, 0.3),
-        lognormal(2.0, 0.3),
-        lognormal(2.0, 0.3),
-    ])
-    .unwrap();
-    let envoy = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports())
-            .plugin_config(r#"{"max_delay": "5ms", "debug_header": true}"#),
-    )
-    .unwrap();
-    let client = load::client();
     let requests = (rate * 10.0) as u64;
-    let run = runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 300, 4).await;
-        sim.reset_counts();
-        sim.set_all_models(Latency::fixed_ms(40));
-        load::open_loop(&client, &envoy.url("/"), rate, requests, Duration::from_secs(10)).await
-    });
-    let t = sim.settle(Duration::from_secs(5));
+    let (run, t, envoy) = outage(rate, requests);
     println!(
         "outage at {rate} req/s: {} of {} requests ok, {} upstream attempts, extra load {:.1}%, {}",
         run.ok(),
