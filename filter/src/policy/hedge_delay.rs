@@ -288,17 +288,16 @@ mod tests {
         }
     }
 
+    /// The delay from the long horizon alone: no recent slices, no
+    /// censoring, a budget with nothing refused.
+    fn long_horizon_delay(policy: &ClusterPolicy, long: &Sketch) -> Option<HedgeDelay> {
+        hedge_delay(policy, long, &Sketch::new(), None, BudgetState::default())
+    }
+
     #[test]
     fn delay_is_the_clamped_quantile_rounded_up_to_ms() {
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 100.0).collect(); // 0.1..10 ms
-        let d = hedge_delay(
-            &policy(10),
-            &window_of(&values),
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-        )
-        .unwrap();
+        let d = long_horizon_delay(&policy(10), &window_of(&values)).unwrap();
         assert!((d.delay_us as f64 - 9000.0).abs() <= 90.0, "{d:?}");
         assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
 
@@ -306,27 +305,13 @@ mod tests {
             max_delay: TextDuration(Duration::from_millis(3)),
             ..policy(10)
         };
-        let clamped = hedge_delay(
-            &tight,
-            &window_of(&values),
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-        )
-        .unwrap();
+        let clamped = long_horizon_delay(&tight, &window_of(&values)).unwrap();
         assert_eq!(clamped.per_try_timeout_ms, 3);
         let floor = ClusterPolicy {
             min_delay: TextDuration(Duration::from_millis(20)),
             ..policy(10)
         };
-        let floored = hedge_delay(
-            &floor,
-            &window_of(&values),
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-        )
-        .unwrap();
+        let floored = long_horizon_delay(&floor, &window_of(&values)).unwrap();
         assert_eq!(floored.per_try_timeout_ms, 20);
     }
 
@@ -444,14 +429,7 @@ mod tests {
             ..Default::default()
         };
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
-        let d = hedge_delay(
-            &policy,
-            &window_of(&values),
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-        )
-        .unwrap();
+        let d = long_horizon_delay(&policy, &window_of(&values)).unwrap();
         assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
     }
 
@@ -517,22 +495,9 @@ mod tests {
     #[test]
     fn warming_up_until_min_samples() {
         let policy = policy(100);
-        let none = hedge_delay(
-            &policy,
-            &window_of(&[1000.0; 99]),
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-        );
+        let none = long_horizon_delay(&policy, &window_of(&[1000.0; 99]));
         assert_eq!(none, None);
-        assert!(hedge_delay(
-            &policy,
-            &window_of(&[1000.0; 100]),
-            &Sketch::new(),
-            None,
-            BudgetState::default()
-        )
-        .is_some());
+        assert!(long_horizon_delay(&policy, &window_of(&[1000.0; 100])).is_some());
     }
 
     #[test]

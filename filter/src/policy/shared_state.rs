@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::sketch::{Sketch, MAX_KEY};
+use super::sketch::{Sketch, MAX_BUCKETS};
 use super::window::{ClusterWindow, LongHorizon, Slice, WindowGeometry, SLICES};
 
 const CLUSTER_MAGIC: &[u8; 3] = b"AHC";
@@ -25,9 +25,9 @@ const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
 /// a key): the magic and the version.
 const EVICTED_MAGIC: &[u8; 3] = b"AHE";
 /// 2: the long horizon; 3: the routes; 4: the hosts; 5: the primaries cut
-/// short. A value of an older version (an older filter) is reset once,
+/// short; 6: sketches of at most `MAX_BUCKETS` buckets. A value of an older version (an older filter) is reset once,
 /// like any value that does not decode.
-pub const ENCODING_VERSION: u8 = 5;
+pub const ENCODING_VERSION: u8 = 6;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
 /// Longer route names do not learn a delay of their own (Envoy Gateway's
@@ -41,6 +41,14 @@ pub const MAX_HOSTS: usize = 64;
 /// Longer `upstream.address` values are not tracked (a Unix socket's path
 /// is at most 108 bytes).
 pub const MAX_HOST_ADDRESS: usize = 127;
+/// A cluster's own state (its window, long horizons, pool and counters) is
+/// at most this long, whatever it holds: 8 sketches of `MAX_BUCKETS`.
+pub const CLUSTER_OWN_BYTES: usize = 16_135;
+const _: () = assert!(CLUSTER_OWN_BYTES <= 16 * 1024, "issue 19's aim");
+/// What each tracked host adds at most: its address and five numbers.
+pub const HOST_BYTES: usize = 1 + MAX_HOST_ADDRESS + 40;
+/// What each named route that learns its own delay adds at most.
+pub const ROUTE_BYTES: usize = 14_340;
 /// A cluster's value is at most this long (`SharedCluster::encode`).
 pub const MAX_CLUSTER_VALUE_BYTES: usize = 62 * 1024;
 /// What the filter keeps in shared memory at most, keys included.
@@ -184,7 +192,7 @@ impl SharedCluster {
     }
 
     /// The value's bytes, at most `MAX_CLUSTER_VALUE_BYTES`: the cluster's
-    /// own latencies and hosts always fit (54.4 KiB at worst); named routes
+    /// own latencies and hosts always fit (26.3 KiB at worst); named routes
     /// are kept in the order they were registered while they fit
     /// (`fit_routes`), and a route left out uses the cluster's delay.
     pub fn encode(&self) -> Vec<u8> {
@@ -469,7 +477,7 @@ impl<'a> Reader<'a> {
     fn sketch(&mut self) -> Result<Sketch, DecodeError> {
         let offset = i32::from(self.u16()?);
         let len = usize::from(self.u16()?);
-        if len > MAX_KEY as usize + 1 {
+        if len > MAX_BUCKETS {
             return Err(DecodeError::Corrupt("sketch has too many buckets"));
         }
         let mut counts = Vec::with_capacity(len);
@@ -625,10 +633,10 @@ mod tests {
     /// A sketch with every bucket in use: the widest a sketch can be.
     fn widest_sketch() -> Sketch {
         let mut s = Sketch::new();
-        for key in 0..=MAX_KEY {
+        for key in 0..=super::super::sketch::MAX_KEY {
             s.add(super::super::sketch::value_for(key));
         }
-        assert_eq!(s.counts().len(), MAX_KEY as usize + 1);
+        assert_eq!(s.counts().len(), MAX_BUCKETS);
         s
     }
 
@@ -646,6 +654,10 @@ mod tests {
         let mut c = SharedCluster::new(g);
         fill(&mut c.window, &mut c.long);
         c.cut_short.merge(now, &wide);
+        // the figures design.md states: the cluster's own state at its
+        // widest, then each host at its longest address, each route at its
+        // widest with its longest name
+        assert_eq!(c.encode().len(), CLUSTER_OWN_BYTES);
         for i in 0..MAX_HOSTS {
             c.hosts.push(SharedHost {
                 address: format!("{i:0>width$}", width = MAX_HOST_ADDRESS),
@@ -658,8 +670,12 @@ mod tests {
         }
         let alone = c.encode();
         assert!(alone.len() <= MAX_CLUSTER_VALUE_BYTES, "{}", alone.len());
-        // the figure design.md states
-        assert_eq!(alone.len(), 55_719);
+        assert_eq!(alone.len(), CLUSTER_OWN_BYTES + MAX_HOSTS * HOST_BYTES);
+        let mut one_route = c.clone();
+        let mut route = SharedRoute::new(format!("{:0>255}", 0), g);
+        fill(&mut route.window, &mut route.long);
+        one_route.routes.push(route);
+        assert_eq!(one_route.encode().len(), alone.len() + ROUTE_BYTES);
         for i in 0..MAX_ROUTES {
             let mut route = SharedRoute::new(format!("{i:0>255}"), g);
             fill(&mut route.window, &mut route.long);
@@ -677,8 +693,8 @@ mod tests {
             (c.window.clone(), c.long.clone(), c.cut_short.clone())
         );
         assert_eq!(back.hosts, c.hosts);
-        // none of the widest routes fits beside the widest cluster
-        assert!(back.routes.is_empty());
+        // two of the widest routes fit beside the widest cluster
+        assert_eq!(back.routes.len(), 2);
         // a plain cluster with routes of some 4 KB each: the first ones fit
         let mut narrow = Sketch::new();
         for key in 500..630 {

@@ -4,13 +4,22 @@
 //!
 //! Values are latencies in microseconds. Bucket `k` holds values in
 //! (gamma^(k-1), gamma^k]; values at or below 1 µs share bucket 0 and values
-//! above gamma^MAX_KEY (about 16 days) share the last bucket, so a sketch never
-//! has more than MAX_KEY + 1 buckets, whatever it is fed.
+//! above gamma^MAX_KEY (about 16 days) share the last bucket.
+//!
+//! A sketch keeps at most `MAX_BUCKETS` buckets, whatever it is fed: when
+//! its samples span more, the lowest buckets collapse into one (DDSketch's
+//! collapsing-lowest store). Hedging asks for high quantiles only, and 500
+//! buckets span a 22,000-fold range (say 50 µs to 1.1 s): every quantile
+//! whose value is within that range of the largest sample keeps the 1%
+//! guarantee; lower ones read high. The bound is what keeps a cluster's
+//! shared value small (`shared_state`).
 
 /// Relative accuracy: a reported quantile is within 1% of the exact one.
 pub const RELATIVE_ACCURACY: f64 = 0.01;
 /// Highest bucket key; gamma^1400 µs is about 1.6e12 µs.
 pub const MAX_KEY: i32 = 1400;
+/// Buckets a sketch keeps at most: ln(22,000) / ln(gamma) is about 500.
+pub const MAX_BUCKETS: usize = 500;
 
 /// gamma = (1 + a) / (1 - a)
 fn gamma() -> f64 {
@@ -55,10 +64,14 @@ impl Sketch {
         Sketch::default()
     }
 
-    /// Rebuilds a sketch from stored buckets; `None` if they are out of range.
+    /// Rebuilds a sketch from stored buckets; `None` if they are out of
+    /// range or more than `MAX_BUCKETS`.
     pub fn from_parts(offset: i32, counts: Vec<u32>) -> Option<Self> {
         let last = i64::from(offset) + counts.len() as i64 - 1;
-        if offset < 0 || (!counts.is_empty() && last > i64::from(MAX_KEY)) {
+        if offset < 0
+            || counts.len() > MAX_BUCKETS
+            || (!counts.is_empty() && last > i64::from(MAX_KEY))
+        {
             return None;
         }
         let total = counts.iter().map(|&c| u64::from(c)).sum();
@@ -107,13 +120,20 @@ impl Sketch {
         if n == 0 {
             return;
         }
-        let key = key.clamp(0, MAX_KEY);
+        let mut key = key.clamp(0, MAX_KEY);
+        let span = MAX_BUCKETS as i32;
         if self.counts.is_empty() {
             self.offset = key;
         } else if key < self.offset {
+            // below the range: grow down as far as the bound allows, and
+            // count the rest in the lowest bucket kept
+            let top = self.offset + self.counts.len() as i32 - 1;
+            key = key.max(top - (span - 1));
             let grow = (self.offset - key) as usize;
             self.counts.splice(0..0, std::iter::repeat(0).take(grow));
             self.offset = key;
+        } else if key - self.offset >= span {
+            self.collapse_below(key - (span - 1));
         }
         let index = (key - self.offset) as usize;
         if index >= self.counts.len() {
@@ -123,6 +143,24 @@ impl Sketch {
             *c = c.saturating_add(n);
         }
         self.total += u64::from(n);
+    }
+
+    /// Moves the counts of every bucket below `lowest` into the bucket
+    /// `lowest`, which becomes the first one.
+    fn collapse_below(&mut self, lowest: i32) {
+        let drop = usize::try_from(lowest - self.offset).unwrap_or(0);
+        let drop = drop.min(self.counts.len());
+        let moved = self
+            .counts
+            .drain(..drop)
+            .fold(0u32, |sum, c| sum.saturating_add(c));
+        if self.counts.is_empty() {
+            self.counts.push(0);
+        }
+        if let Some(first) = self.counts.first_mut() {
+            *first = first.saturating_add(moved);
+        }
+        self.offset = lowest;
     }
 
     /// Halves every count `times` times: older samples weigh less. Buckets
@@ -149,7 +187,13 @@ impl Sketch {
 
     /// Adds every sample of `other` (DDSketch merge: bucket-wise sum).
     pub fn merge(&mut self, other: &Sketch) {
-        for (i, &n) in other.counts.iter().enumerate() {
+        // the highest bucket first: the range grows (and collapses) once,
+        // then the rest lands inside it
+        let Some((&top, rest)) = other.counts.split_last() else {
+            return;
+        };
+        self.add_to_key(other.offset + rest.len() as i32, top);
+        for (i, &n) in rest.iter().enumerate() {
             self.add_to_key(other.offset + i as i32, n);
         }
     }
@@ -281,14 +325,21 @@ mod tests {
                 4096,
                 1.0,
             ));
+            let mut max = 0f64;
             for _ in 0..50_000 {
                 let v = draw(&mut rng);
                 ours.add(v);
                 theirs.add(v);
+                max = max.max(v);
             }
             for q in [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.92, 0.95, 0.99, 0.999] {
                 let a = ours.quantile(q).unwrap();
                 let b = theirs.quantile(q).unwrap().unwrap();
+                if b < max / 22_000.0 {
+                    // collapsed (the Pareto's lowest percent): reads high
+                    assert!(a >= b, "{name} q={q}: ours {a}, sketches-ddsketch {b}");
+                    continue;
+                }
                 assert!(
                     (a - b).abs() <= RELATIVE_ACCURACY * b,
                     "{name} q={q}: ours {a}, sketches-ddsketch {b}"
@@ -304,10 +355,56 @@ mod tests {
         for v in [0.0, -5.0, f64::NAN, f64::INFINITY, 1e300, 0.5, 1.0, 2.0] {
             s.add(v);
         }
-        assert!(s.counts().len() <= MAX_KEY as usize + 1);
+        assert!(s.counts().len() <= MAX_BUCKETS);
         assert_eq!(s.count(), 8);
-        assert_eq!(s.quantile(0.0), Some(1.0));
         assert!(s.quantile(1.0).unwrap() > 1e12);
+        // everything far below the top collapsed into the lowest bucket kept
+        assert_eq!(s.offset(), MAX_KEY - (MAX_BUCKETS as i32 - 1));
+        assert_eq!(s.counts()[0], 6);
+    }
+
+    /// Samples over ten decades: at most `MAX_BUCKETS` buckets, no sample
+    /// lost, and every quantile within 22,000x of the largest sample still
+    /// within 1%; the ones below read high, never low.
+    #[test]
+    fn a_wide_spread_collapses_its_lowest_buckets_only() {
+        use rand::Rng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut values: Vec<f64> = (0..50_000)
+            .map(|_| 10f64.powf(rng.gen_range(0.0..10.0)))
+            .collect();
+        let mut fed = Sketch::new();
+        let (mut a, mut b) = (Sketch::new(), Sketch::new());
+        for (i, &v) in values.iter().enumerate() {
+            fed.add(v);
+            if i % 2 == 0 {
+                a.add(v)
+            } else {
+                b.add(v)
+            }
+        }
+        a.merge(&b);
+        values.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        let max = values[values.len() - 1];
+        for sketch in [&fed, &a] {
+            assert_eq!(sketch.count(), 50_000);
+            assert!(sketch.counts().len() <= MAX_BUCKETS);
+            for q in [0.0, 0.1, 0.5, 0.55, 0.6, 0.7, 0.9, 0.99, 0.999, 1.0] {
+                let want = exact(&values, q);
+                let got = sketch.quantile(q).unwrap();
+                if want >= max / 22_000.0 {
+                    assert!((got - want).abs() <= RELATIVE_ACCURACY * want, "q={q}");
+                } else {
+                    assert!(got >= want * (1.0 - RELATIVE_ACCURACY), "q={q}");
+                }
+            }
+        }
+        // a sketch fed in the other order (largest first) ends the same
+        let mut down = Sketch::new();
+        for &v in values.iter().rev() {
+            down.add(v);
+        }
+        assert_eq!(down, fed);
     }
 
     #[test]
@@ -339,6 +436,7 @@ mod tests {
     fn from_parts_checks_range() {
         assert!(Sketch::from_parts(-1, vec![1]).is_none());
         assert!(Sketch::from_parts(MAX_KEY, vec![1, 1]).is_none());
+        assert!(Sketch::from_parts(0, vec![1; MAX_BUCKETS + 1]).is_none());
         let s = Sketch::from_parts(10, vec![1, 2, 3]).unwrap();
         assert_eq!(s.count(), 6);
     }

@@ -107,11 +107,20 @@ impl ClusterWindow {
     /// long horizon's (a brownout's stale delay) whenever a slice turns
     /// over; more slices answer later but always answer.
     pub fn snapshot_recent_at_least(&self, now_ms: u64, min_slices: u64, min_count: u64) -> Sketch {
+        let now_epoch = self.geometry.epoch(now_ms);
         let mut recent = self.snapshot_recent(now_ms, min_slices);
-        let mut slices = min_slices;
-        while recent.count() < min_count && slices < SLICES as u64 {
-            slices += 1;
-            recent = self.snapshot_recent(now_ms, slices);
+        // one older slice at a time, merged into what is there
+        for age in min_slices..SLICES as u64 {
+            if recent.count() >= min_count {
+                break;
+            }
+            let older = self
+                .slices
+                .iter()
+                .find(|s| self.is_live(s, now_epoch) && now_epoch - s.epoch == age);
+            if let Some(slice) = older {
+                recent.merge(&slice.sketch);
+            }
         }
         recent
     }
