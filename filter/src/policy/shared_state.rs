@@ -25,8 +25,9 @@ const REGISTRY_MAGIC: &[u8; 3] = b"AHR";
 /// a key): the magic and the version.
 const EVICTED_MAGIC: &[u8; 3] = b"AHE";
 /// 2: the long horizon; 3: the routes; 4: the hosts; 5: the primaries cut
-/// short; 6: sketches of at most `MAX_BUCKETS` buckets. A value of an older version (an older filter) is reset once,
-/// like any value that does not decode.
+/// short; 6: sketches of at most `MAX_BUCKETS` buckets. A value of an
+/// older version (an older filter) is reset once, like any value that does
+/// not decode.
 pub const ENCODING_VERSION: u8 = 6;
 /// Longer cluster names are not tracked (Istio's are about 60 bytes).
 pub const MAX_CLUSTER_NAME: usize = 1024;
@@ -41,14 +42,20 @@ pub const MAX_HOSTS: usize = 64;
 /// Longer `upstream.address` values are not tracked (a Unix socket's path
 /// is at most 108 bytes).
 pub const MAX_HOST_ADDRESS: usize = 127;
+/// A sketch's encoding at its widest (`encode_sketch`).
+const SKETCH_BYTES: usize = 2 + 2 + 4 * MAX_BUCKETS;
+/// A window and a long horizon at their widest (`encode_latencies`).
+const LATENCIES_BYTES: usize = SLICES * (8 + SKETCH_BYTES) + 8 + SKETCH_BYTES;
 /// A cluster's own state (its window, long horizons, pool and counters) is
-/// at most this long, whatever it holds: 8 sketches of `MAX_BUCKETS`.
-pub const CLUSTER_OWN_BYTES: usize = 16_135;
+/// at most this long, whatever it holds (16,135 bytes): the header, the
+/// latencies, the primaries cut short, the route and host counts.
+pub const CLUSTER_OWN_BYTES: usize = 3 + 1 + 4 * 8 + 1 + LATENCIES_BYTES + 8 + SKETCH_BYTES + 2;
 const _: () = assert!(CLUSTER_OWN_BYTES <= 16 * 1024, "issue 19's aim");
 /// What each tracked host adds at most: its address and five numbers.
 pub const HOST_BYTES: usize = 1 + MAX_HOST_ADDRESS + 40;
-/// What each named route that learns its own delay adds at most.
-pub const ROUTE_BYTES: usize = 14_340;
+/// What each named route that learns its own delay adds at most (14,340
+/// bytes): its name and its latencies.
+pub const ROUTE_BYTES: usize = 1 + MAX_ROUTE_NAME + LATENCIES_BYTES;
 /// A cluster's value is at most this long (`SharedCluster::encode`).
 pub const MAX_CLUSTER_VALUE_BYTES: usize = 62 * 1024;
 /// What the filter keeps in shared memory at most, keys included.
@@ -590,6 +597,7 @@ pub mod memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::sketch::{value_for, MAX_KEY};
     use std::time::Duration;
 
     fn sample_cluster() -> SharedCluster {
@@ -633,8 +641,8 @@ mod tests {
     /// A sketch with every bucket in use: the widest a sketch can be.
     fn widest_sketch() -> Sketch {
         let mut s = Sketch::new();
-        for key in 0..=super::super::sketch::MAX_KEY {
-            s.add(super::super::sketch::value_for(key));
+        for key in 0..=MAX_KEY {
+            s.add(value_for(key));
         }
         assert_eq!(s.counts().len(), MAX_BUCKETS);
         s
@@ -698,7 +706,7 @@ mod tests {
         // a plain cluster with routes of some 4 KB each: the first ones fit
         let mut narrow = Sketch::new();
         for key in 500..630 {
-            narrow.add(super::super::sketch::value_for(key));
+            narrow.add(value_for(key));
         }
         let mut c = SharedCluster::new(g);
         for i in 0..MAX_ROUTES {
