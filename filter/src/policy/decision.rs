@@ -31,7 +31,7 @@ use super::hosts::{HostPick, Hosts};
 use super::timeouts::{ArmedRequests, MAX_PAST_DELAY};
 use crate::headers::{
     FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON,
-    RETRY_ON,
+    RETRY_ON, TIMEOUT_ALT_RESPONSE,
 };
 
 /// What the filter reads from a request's headers (one host call; see
@@ -285,9 +285,11 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 impl Arming {
     /// The request headers that arm Envoy's hedging, in the order to set
-    /// them: the per-try timeout (the trigger) last, so that if a write
-    /// fails, no header is left that could turn the timeout into a plain
-    /// retry that cancels the first attempt. `x-envoy-retry-grpc-on` only
+    /// them: the per-try timeout (the trigger) after what makes it a hedge,
+    /// so that if a write fails, no header is left that could turn the
+    /// timeout into a plain retry that cancels the first attempt; then the
+    /// timeouts' 204 (last: written only on an armed request, whose
+    /// response the filter mends). `x-envoy-retry-grpc-on` only
     /// for gRPC calls (a client's was removed, unless clients are trusted:
     /// then Envoy still makes at most the `max-retries` attempts set here,
     /// which the budget has paid for).
@@ -311,6 +313,7 @@ impl Arming {
                 PER_TRY_TIMEOUT,
                 HeaderValue::Number(self.per_try_timeout_ms),
             ),
+            (TIMEOUT_ALT_RESPONSE, HeaderValue::Text("true")),
         ])
     }
 }
@@ -666,7 +669,7 @@ mod tests {
     }
 
     #[test]
-    fn an_armed_get_sets_the_four_router_headers_trigger_last() {
+    fn an_armed_get_sets_the_router_headers_trigger_after_the_hedge_switch() {
         let p = with_defaults(&GET);
         assert_eq!(
             set(&p),
@@ -675,6 +678,7 @@ mod tests {
                 ("x-envoy-max-retries", "1"),
                 ("x-envoy-retry-on", "5xx"),
                 ("x-envoy-upstream-rq-per-try-timeout-ms", "8"),
+                ("x-envoy-upstream-rq-timeout-alt-response", "true"),
             ]
             .map(|(a, b)| (a.to_string(), b.to_string()))
         );
@@ -706,7 +710,7 @@ mod tests {
         let p = plan_for(&marked_by_client, &config, &policy, DELAY, &funded(&policy));
         let headers = set(&p);
         assert_eq!(headers[0], (FIRST_BYTE_MARKER.to_string(), "1".to_string()));
-        assert_eq!(headers.len(), 5);
+        assert_eq!(headers.len(), 6);
         assert!(!p.strip.marker, "overwritten, not removed");
         // in headers mode an armed request carries no marker, the client's included
         let p = with_defaults(&marked_by_client);
@@ -739,7 +743,10 @@ mod tests {
                     "cancelled,unavailable".to_string()
                 ))
             );
-            assert_eq!(headers.last().map(|h| h.0.as_str()), Some(PER_TRY_TIMEOUT));
+            assert_eq!(
+                headers.iter().rev().nth(1).map(|h| h.0.as_str()),
+                Some(PER_TRY_TIMEOUT)
+            );
         }
         for unlisted in [
             &b"/demo.Echo/Put"[..],

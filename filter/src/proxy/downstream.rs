@@ -38,7 +38,13 @@ struct Origin {
     /// failure, timeout, another filter's reply).
     from_upstream: bool,
     status: Option<u16>,
+    /// A local reply for the route's timeout (read only when unmarked).
+    timed_out: bool,
 }
+
+/// `response.code_details` of the router's reply when the route's timeout
+/// fires (the second, Envoy before 1.33's).
+const TIMEOUT_DETAILS: [&[u8]; 2] = [b"response_timeout", b"upstream_response_timeout"];
 
 /// The filter state the attribution goes to (`log_attribution`); Envoy
 /// names it `wasm.adaptive_hedge`.
@@ -67,8 +73,11 @@ pub struct DownstreamRequest<H: Host> {
     host_cluster: Option<ClusterId>,
     /// The hosts chosen, until the response (or the end) comes.
     pick: Option<HostPick>,
-    /// The per-try timeout armed with (to time a hedge that won).
+    /// The per-try timeout armed with (to time a hedge that won); armed
+    /// requests ask the router for a 204 on timeouts (`mend_timeout_reply`).
     per_try_timeout_ms: Option<u64>,
+    /// An armed gRPC call: a timeout's reply is mended in `grpc-status`.
+    armed_grpc: bool,
     /// The cluster (and route) a latency sample goes to, and when the
     /// request started.
     sample: Option<(ClusterId, Option<RouteId>, u64)>,
@@ -124,6 +133,7 @@ impl<H: Host> DownstreamRequest<H> {
             host_cluster: None,
             pick: None,
             per_try_timeout_ms: None,
+            armed_grpc: false,
             sample: None,
             settlement: None,
             shadow_started_ns: None,
@@ -227,6 +237,7 @@ impl<H: Host> DownstreamRequest<H> {
             } else if self.arm(arming) {
                 self.settlement = plan.settlement();
                 self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
+                self.armed_grpc = arming.retry_grpc_on.is_some();
             } else {
                 // Nothing armed may be left behind, and the tokens go back.
                 self.strip(Strip::ARMING);
@@ -367,20 +378,37 @@ impl<H: Host> DownstreamRequest<H> {
             .as_deref()
             .and_then(scan_response)
             .unwrap_or_default();
-        let from_upstream = headers.relayed
-            || self
-                .host
-                .property(RESPONSE_CODE_DETAILS)
-                .ok()
-                .flatten()
-                .as_deref()
-                == Some(VIA_UPSTREAM);
+        let details = match headers.relayed {
+            true => None,
+            false => self.host.property(RESPONSE_CODE_DETAILS).ok().flatten(),
+        };
+        let details = details.as_deref();
         let origin = Origin {
-            from_upstream,
+            from_upstream: headers.relayed || details == Some(VIA_UPSTREAM),
             status: headers.status,
+            timed_out: details.is_some_and(|d| TIMEOUT_DETAILS.contains(&d)),
         };
         self.origin = Some(origin);
         origin
+    }
+
+    /// An armed request asked the router for a 204 on timeouts, so that a
+    /// hedge's per-try timeout reaches outlier detection as no failure; the
+    /// route timeout's reply (headers only: no body with a 204) goes back
+    /// to what the client would have had without the filter: a 504, or
+    /// UNAVAILABLE for a gRPC call (whose reply Envoy maps from the code).
+    fn mend_timeout_reply(&mut self) {
+        if !self.origin().timed_out {
+            return;
+        }
+        if self.armed_grpc {
+            let _ = self.host.set_response_header("grpc-status", b"14");
+            let _ = self
+                .host
+                .set_response_header("grpc-message", b"upstream request timeout");
+        } else if self.origin().status == Some(204) {
+            let _ = self.host.set_response_header(":status", b"504");
+        }
     }
 
     /// Records the latency of an upstream response, once; returns it.
@@ -419,6 +447,9 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
     }
 
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        if end_of_stream && self.per_try_timeout_ms.is_some() {
+            self.mend_timeout_reply();
+        }
         let timed = self.sample.is_some();
         if let Some(name) = self.unconfirmed_cluster.take() {
             if self.origin().from_upstream {
@@ -516,7 +547,8 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
 mod tests {
     use super::*;
     use crate::headers::{
-        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, UPSTREAM_SERVICE_TIME,
+        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, TIMEOUT_ALT_RESPONSE,
+        UPSTREAM_SERVICE_TIME,
     };
     use crate::proxy::fake::{plugin, FakeHost};
     use crate::proxy::root::{Plugin, Stream};
@@ -637,6 +669,7 @@ mod tests {
                 "set_request_header x-envoy-max-retries",
                 "set_request_header x-envoy-retry-on",
                 "set_request_header x-envoy-upstream-rq-per-try-timeout-ms",
+                "set_request_header x-envoy-upstream-rq-timeout-alt-response",
             ]
         );
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
@@ -1233,6 +1266,7 @@ mod tests {
                 "set_request_header x-envoy-max-retries",
                 "set_request_header x-envoy-retry-on",
                 "set_request_header x-envoy-upstream-rq-per-try-timeout-ms",
+                "set_request_header x-envoy-upstream-rq-timeout-alt-response",
             ],
             &[
                 "response_header_pairs",
@@ -1275,7 +1309,8 @@ mod tests {
             origin,
             Origin {
                 from_upstream: true,
-                status: Some(503)
+                status: Some(503),
+                timed_out: false,
             }
         );
         assert!(!details_read);
@@ -1284,7 +1319,8 @@ mod tests {
             origin,
             Origin {
                 from_upstream: false,
-                status: Some(503)
+                status: Some(503),
+                timed_out: false,
             }
         );
         assert!(details_read);
@@ -1294,12 +1330,65 @@ mod tests {
             origin,
             Origin {
                 from_upstream: true,
-                status: Some(200)
+                status: Some(200),
+                timed_out: false,
             }
         );
         // neither readable: not from an upstream
         let (origin, _) = respond(&[], None);
         assert!(!origin.from_upstream);
+    }
+
+    /// Armed requests ask for a 204 on timeouts (no 504 to outlier
+    /// detection when a hedge's per-try timeout fires); the route timeout's
+    /// reply is mended back to what the client would have had. An
+    /// upstream's own 204 and an unarmed request's reply are left alone.
+    #[test]
+    fn an_armed_request_s_timeout_reply_is_mended_to_a_504() {
+        let (host, plugin) = warmed(r#"{"idempotent_grpc_methods": ["/demo.Echo/Get"]}"#);
+        let reply =
+            |request_headers: &[(&str, &str)], response: &[(&str, &str)], details: &[u8]| {
+                host.request(Some("backend"), request_headers);
+                let mut r = request(&plugin);
+                r.on_request_headers();
+                let armed = host
+                    .request_header_text(TIMEOUT_ALT_RESPONSE)
+                    .is_some_and(|v| v == "true");
+                host.respond(response);
+                host.set_property(RESPONSE_CODE_DETAILS, details);
+                r.on_response_headers(true);
+                r.on_log();
+                let grpc_status = host.response_header_text("grpc-status");
+                (armed, host.response_header_text(":status"), grpc_status)
+            };
+        let timeout = b"response_timeout";
+        let (armed, status, _) = reply(GET, &[(":status", "204")], timeout);
+        assert!(armed);
+        assert_eq!(status.as_deref(), Some("504"));
+        // an upstream's own 204
+        let relayed = [(":status", "204"), (UPSTREAM_SERVICE_TIME, "3")];
+        let (_, status, _) = reply(GET, &relayed, VIA_UPSTREAM);
+        assert_eq!(status.as_deref(), Some("204"));
+        // not armed: whatever a (trusted) client asked the router for
+        let post = [(":method", "POST"), (":path", "/")];
+        let (armed, status, _) = reply(&post, &[(":status", "204")], timeout);
+        assert!(!armed);
+        assert_eq!(status.as_deref(), Some("204"));
+        // a gRPC call's reply: UNKNOWN (mapped from the 204) -> UNAVAILABLE
+        let call = [
+            (":method", "POST"),
+            (":path", "/demo.Echo/Get"),
+            ("content-type", "application/grpc"),
+        ];
+        let grpc_reply = [
+            (":status", "200"),
+            ("content-type", "application/grpc"),
+            ("grpc-status", "2"),
+        ];
+        let (armed, status, grpc_status) = reply(&call, &grpc_reply, timeout);
+        assert!(armed);
+        assert_eq!(status.as_deref(), Some("200"));
+        assert_eq!(grpc_status.as_deref(), Some("14"));
     }
 
     #[test]

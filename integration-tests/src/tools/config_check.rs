@@ -203,16 +203,32 @@ fn inspect(
 
 /// A cluster's upstream filter chain must end with the upstream codec.
 /// Outlier detection (an Envoy cluster's, an Istio `DestinationRule`'s, an
-/// Envoy Gateway passive health check) without the local-origin split
-/// counts every fired per-try timeout, which is what a hedge is, as a 5xx:
-/// `consecutive_5xx` can then eject healthy hosts when a whole cluster
-/// slows (docs/deployment.md, outlier detection).
+/// Envoy Gateway passive health check) that splits local-origin errors
+/// counts every fired per-try timeout, which is what a hedge is, as a
+/// local-origin failure (without the split, armed requests make it a 204:
+/// no failure). Fewer than 10 in a row (Envoy's default is 5) can then
+/// eject healthy hosts when a whole cluster slows at once
+/// (docs/deployment.md, outlier detection).
 fn check_outlier_detection(value: &Value, path: &[String], report: &mut Report) {
+    /// Envoy's `consecutive_local_origin_failure` when not set.
+    const ENVOY_DEFAULT: u64 = 5;
     let in_health_check = path.last().is_some_and(|p| p == "healthCheck");
-    for (key, split) in [
-        ("outlier_detection", "split_external_local_origin_errors"),
-        ("outlierDetection", "splitExternalLocalOriginErrors"),
-        ("passive", "splitExternalLocalOriginErrors"),
+    for (key, split, failures) in [
+        (
+            "outlier_detection",
+            "split_external_local_origin_errors",
+            "consecutive_local_origin_failure",
+        ),
+        (
+            "outlierDetection",
+            "splitExternalLocalOriginErrors",
+            "consecutiveLocalOriginFailures",
+        ),
+        (
+            "passive",
+            "splitExternalLocalOriginErrors",
+            "consecutiveLocalOriginFailures",
+        ),
     ] {
         if key == "passive" && !in_health_check {
             continue;
@@ -221,13 +237,24 @@ fn check_outlier_detection(value: &Value, path: &[String], report: &mut Report) 
             continue;
         };
         if detection.get(split).and_then(Value::as_bool) != Some(true) {
+            continue;
+        }
+        let count = detection
+            .get(failures)
+            .and_then(Value::as_u64)
+            .unwrap_or(ENVOY_DEFAULT);
+        if count < MIN_LOCAL_ORIGIN_FAILURES {
             report.warnings.push(format!(
-                "{}.{key}: without {split}: true every hedge's per-try timeout counts as a 5xx, and a cluster that slows all at once can have healthy hosts ejected (docs/deployment.md#outlier-detection)",
+                "{}.{key}: with {split} every hedge's fired per-try timeout is a local-origin failure, and {failures} at {count} (under {MIN_LOCAL_ORIGIN_FAILURES}) can have healthy hosts ejected when a cluster slows all at once (docs/deployment.md#outlier-detection)",
                 path.join(".")
             ));
         }
     }
 }
+
+/// With the local-origin split: the failures in a row that leave twice the
+/// margin of a brownout's burst of timeouts (docs/design.md).
+pub const MIN_LOCAL_ORIGIN_FAILURES: u64 = 10;
 
 fn check_upstream_chain(value: &Value, path: &[String], report: &mut Report) {
     let Some(filters) = value.get("http_filters").and_then(Value::as_sequence) else {

@@ -30,6 +30,9 @@ struct Call {
     /// The first attempt fails at once with UNAVAILABLE instead.
     #[prost(bool, tag = "3")]
     fail_first: bool,
+    /// Every attempt takes this long (when not 0): past the route timeout.
+    #[prost(uint64, tag = "4")]
+    every_attempt_ms: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -67,10 +70,10 @@ impl Echo {
         if attempt == 1 && call.fail_first {
             return Err(tonic::Status::unavailable("first attempt fails"));
         }
-        let ms = if attempt == 1 {
-            call.first_attempt_ms
-        } else {
-            1
+        let ms = match (call.every_attempt_ms, attempt) {
+            (0, 1) => call.first_attempt_ms,
+            (0, _) => 1,
+            (every, _) => every,
         };
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(tonic::Response::new(Reply {
@@ -254,6 +257,7 @@ fn fast(id: String) -> Call {
         id,
         first_attempt_ms: 2,
         fail_first: false,
+        every_attempt_ms: 0,
     }
 }
 
@@ -293,8 +297,14 @@ fn a_listed_unary_method_is_hedged_and_nothing_else_is_duplicated() {
     let plugin = format!(
         r#"{{"debug_header": true, "min_samples": 50, "budget_percent": 50, "min_delay": "20ms", "idempotent_grpc_methods": ["{LISTED}"]}}"#
     );
+    // a route timeout of 2 s: longer than any call below but the last
     let envoy = Envoy::start(
-        over_h2c(EnvoyOptions::new("envoy.yaml", &hosts.ports)).plugin_config(&plugin),
+        over_h2c(EnvoyOptions::new("envoy.yaml", &hosts.ports))
+            .plugin_config(&plugin)
+            .edit(
+                "match: { prefix: \"/\" }\n                          route: { cluster: backend }",
+                "match: { prefix: \"/\" }\n                          route: { cluster: backend, timeout: 2s }",
+            ),
     )
     .unwrap();
     rt.block_on(async {
@@ -382,6 +392,23 @@ fn a_listed_unary_method_is_hedged_and_nothing_else_is_duplicated() {
         for id in ["unlisted-slow", "unlisted-unavailable", "streaming-slow"] {
             assert_eq!(hosts.attempts_of(id), 1, "{id} was duplicated");
         }
+
+        // a listed call that outlives the route timeout in every attempt:
+        // UNAVAILABLE, as without the filter (the router's 504 mapped), not
+        // the UNKNOWN of the 204 armed requests ask for on timeouts
+        let hung = Call {
+            every_attempt_ms: 5_000,
+            ..fast("listed-hung".into())
+        };
+        let answer = unary(&channel, LISTED, hung).await;
+        assert!(answer.decision.starts_with("armed"), "{}", answer.decision);
+        let status = answer.reply.as_ref().err();
+        assert_eq!(
+            status.map(tonic::Status::code),
+            Some(tonic::Code::Unavailable),
+            "{status:?}"
+        );
+        assert_eq!(hosts.attempts_of("listed-hung"), 2);
     });
     let sent = envoy.flushed_filter_stat("hedges_sent_total", "backend", 2);
     assert!(sent >= 2, "{}", envoy.filter_stats("backend"));
