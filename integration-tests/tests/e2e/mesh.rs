@@ -26,7 +26,7 @@ const ISTIO_RETRIES: &str = r#"                          route:
                               host_selection_retry_max_attempts: 5
 "#;
 
-/// Client errors (non-200) of `requests` GETs at 300 req/s after 1,500
+/// Client errors (non-200) of 3,000 GETs at 600 req/s after 1,500
 /// warm-up requests, through `config` with Istio's retries in front of
 /// `ports`, and the filter's stats.
 fn client_errors(config: &str, plugin_config: Option<&str>, ports: &[u16]) -> (u64, String) {
@@ -42,7 +42,7 @@ fn client_errors(config: &str, plugin_config: Option<&str>, ports: &[u16]) -> (u
     let url = envoy.url("/");
     let run = runtime().block_on(async {
         load::closed_loop(&client, &url, 4, 1500, Duration::from_secs(5)).await;
-        load::open_loop(&client, &url, 300.0, 3000, Duration::from_secs(5)).await
+        load::open_loop(&client, &url, 600.0, 3000, Duration::from_secs(5)).await
     });
     eprintln!("{config}: {}", run.summary());
     let stats = envoy.filter_stats("backend");
