@@ -441,7 +441,7 @@ settings! {
         host_choice: bool = true, Ok;
         /// Hosts drawn per request for the choice of its host (power of d choices).
         host_choices: usize = 2, |n| within(n, 2, 4, " hosts drawn per request");
-        /// Hold arming back on hosts with per-try timeouts standing, so hedging alone cannot eject hosts (`consecutive_5xx`, or `consecutive_local_origin_failure` with the split); `false` where the cluster has no outlier detection.
+        /// Hold arming back on hosts with per-try timeouts standing, so hedging alone cannot eject hosts where outlier detection splits local-origin errors (`consecutive_local_origin_failure`; without the split armed requests' timeouts are 204s, no failure); `false` where the cluster has no outlier detection or no split.
         outlier_pacing: bool = true, Ok;
     }
     global {

@@ -283,13 +283,19 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     buf.get(start..).unwrap_or_default()
 }
 
+/// Written on an armed request once its arming headers are set: the router
+/// then reports a fired per-try timeout to outlier detection as a 204, no
+/// failure (docs/design.md, "Outlier detection"), and answers the route
+/// timeout with a 204 that the filter turns back into a 504. Best effort:
+/// without it the request is armed as before, its timeouts 504s.
+pub const TIMEOUT_AS_204: (&str, &str) = (TIMEOUT_ALT_RESPONSE, "true");
+
 impl Arming {
     /// The request headers that arm Envoy's hedging, in the order to set
-    /// them: the per-try timeout (the trigger) after what makes it a hedge,
-    /// so that if a write fails, no header is left that could turn the
-    /// timeout into a plain retry that cancels the first attempt; then the
-    /// timeouts' 204 (last: written only on an armed request, whose
-    /// response the filter mends). `x-envoy-retry-grpc-on` only
+    /// them: the per-try timeout (the trigger) last, so that if a write
+    /// fails, no header is left that could turn the timeout into a plain
+    /// retry that cancels the first attempt. Once they are all set,
+    /// `TIMEOUT_AS_204` follows, best effort. `x-envoy-retry-grpc-on` only
     /// for gRPC calls (a client's was removed, unless clients are trusted:
     /// then Envoy still makes at most the `max-retries` attempts set here,
     /// which the budget has paid for).
@@ -313,7 +319,6 @@ impl Arming {
                 PER_TRY_TIMEOUT,
                 HeaderValue::Number(self.per_try_timeout_ms),
             ),
-            (TIMEOUT_ALT_RESPONSE, HeaderValue::Text("true")),
         ])
     }
 }
@@ -410,7 +415,8 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         .filter(|view| view.policy.mode == Mode::Hedge)
         .and_then(|view| Some((view, view.hosts?)))
         .filter(|_| !client_chose);
-    // Outlier detection counts each fired per-try timeout as a 504: an
+    // With local-origin errors split, outlier detection counts each fired
+    // per-try timeout as a failure (without, the 204 is none): an
     // armed request's hosts avoid those whose timeouts could add up there
     // (see `timeouts`); with no host clear for both attempts the request
     // is not armed (it still goes to its host, whose answer clears the
@@ -437,8 +443,8 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
                 .needs_fresh_attempt(stale)
                 .filter(|_| view.policy.outlier_pacing);
             let pick = match fresh {
-                // unarmed: without the split its own timeout would be the
-                // next 504 in a row there
+                // unarmed: its own timeout would be the next local-origin
+                // failure there (a 504 in a row where the 204 is not set)
                 Some(id) => hosts.pick_with_primary(id, false, avoid),
                 None => {
                     hosts.choose_avoiding(view.policy.host_choices, view.random, armed, avoid)?
@@ -669,7 +675,7 @@ mod tests {
     }
 
     #[test]
-    fn an_armed_get_sets_the_router_headers_trigger_after_the_hedge_switch() {
+    fn an_armed_get_sets_the_four_router_headers_trigger_last() {
         let p = with_defaults(&GET);
         assert_eq!(
             set(&p),
@@ -678,7 +684,6 @@ mod tests {
                 ("x-envoy-max-retries", "1"),
                 ("x-envoy-retry-on", "5xx"),
                 ("x-envoy-upstream-rq-per-try-timeout-ms", "8"),
-                ("x-envoy-upstream-rq-timeout-alt-response", "true"),
             ]
             .map(|(a, b)| (a.to_string(), b.to_string()))
         );
@@ -710,7 +715,7 @@ mod tests {
         let p = plan_for(&marked_by_client, &config, &policy, DELAY, &funded(&policy));
         let headers = set(&p);
         assert_eq!(headers[0], (FIRST_BYTE_MARKER.to_string(), "1".to_string()));
-        assert_eq!(headers.len(), 6);
+        assert_eq!(headers.len(), 5);
         assert!(!p.strip.marker, "overwritten, not removed");
         // in headers mode an armed request carries no marker, the client's included
         let p = with_defaults(&marked_by_client);
@@ -743,10 +748,7 @@ mod tests {
                     "cancelled,unavailable".to_string()
                 ))
             );
-            assert_eq!(
-                headers.iter().rev().nth(1).map(|h| h.0.as_str()),
-                Some(PER_TRY_TIMEOUT)
-            );
+            assert_eq!(headers.last().map(|h| h.0.as_str()), Some(PER_TRY_TIMEOUT));
         }
         for unlisted in [
             &b"/demo.Echo/Put"[..],
@@ -1001,8 +1003,9 @@ mod tests {
     }
 
     /// A host with a per-try timeout standing (fired, no success since) is
-    /// not sent an armed request: outlier detection would count the next as
-    /// a second 504 in a row. Its requests still go to a host.
+    /// not sent an armed request: outlier detection (with local-origin
+    /// errors split) would count the next as a second failure in a row.
+    /// Its requests still go to a host.
     #[test]
     fn no_armed_request_goes_to_a_host_with_two_timeouts_standing() {
         // a and b are eligible (c is on probation)
@@ -1049,8 +1052,8 @@ mod tests {
     /// Once the delay is stale (a brownout), a host whose armed attempt of
     /// this worker fired since the worker last started one there gets the
     /// next request: with local-origin errors split only a new stream
-    /// resets outlier detection's count. Unarmed (without the split its own
-    /// timeout would be the next 504 in a row there); once: the attempt
+    /// resets outlier detection's count. Unarmed (its own timeout would be
+    /// the next failure in a row there); once: the attempt
     /// named there resets what this worker counts. Not in steady traffic.
     #[test]
     fn in_a_brownout_a_host_whose_attempts_fired_gets_a_fresh_attempt() {

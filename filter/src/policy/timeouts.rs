@@ -2,22 +2,26 @@
 //! timeouts the router has fired and not yet seen end.
 //!
 //! Why: when a hedge's per-try timeout fires, Envoy's router reports it to
-//! outlier detection as a local-origin timeout, a 504 unless the cluster sets
-//! `split_external_local_origin_errors` (router `onSoftPerTryTimeout`), even
-//! though the attempt goes on and may well answer 200. `consecutive_5xx`
-//! (5 by default) ejects a host after that many in a row without a success
-//! between. In steady traffic a host's successes come between its timeouts
-//! and nothing happens; but when the whole cluster slows at once (a
-//! brownout), every armed request outlives the delay learned before it, no
-//! attempt answers for a while, and a worker that keeps arming would put
-//! five timeouts in a row on every host within milliseconds: measured
-//! through Envoy 1.40, all three hosts of a cluster ejected by hedging
-//! alone, none without the filter.
+//! outlier detection at once (router `onSoftPerTryTimeout`), even though the
+//! attempt goes on and may well answer 200. Armed requests make that report
+//! a 204, no failure, unless the cluster sets
+//! `split_external_local_origin_errors` (`decision::TIMEOUT_AS_204`); with
+//! the split it is a local-origin failure, and
+//! `consecutive_local_origin_failure` (5 by default, 10 in the shipped
+//! manifests) ejects a host after that many in a row with no new stream to
+//! it between. In steady traffic a host gets new streams between its
+//! timeouts and nothing happens; but when the whole cluster slows at once
+//! (a brownout), every armed request outlives the delay learned before it,
+//! and a worker that keeps arming, while host choice sends some host
+//! nothing, can put that many timeouts in a row there. Before the 204
+//! (every timeout a 504 without the split): measured through Envoy 1.40,
+//! all three hosts of a cluster ejected by hedging alone at
+//! `consecutive_5xx: 5`, none without the filter.
 //!
 //! So a worker keeps, per host, the per-try timeouts it has seen fire there
-//! since it last saw the host answer (a success resets outlier detection's
-//! count too) and the attempts it has armed there that have not fired
-//! yet, and holds hosts back from armed requests (`held_back`):
+//! since it last saw the host answer and the attempts it has armed there
+//! that have not fired yet, and holds hosts back from armed requests
+//! (`held_back`):
 //!
 //! - steady, while the share of recent armed requests whose primary fired
 //!   is near what the delay plans: a timeout is a straggler's and the host
@@ -34,20 +38,22 @@
 //! (`Hosts::needs_fresh_attempt`): host choice may otherwise send it
 //! nothing while they fire (held back, or the worst of the draw).
 //!
-//! Measured through Envoy (tests/e2e/mesh.rs, three hosts 10x slower at once,
-//! `consecutive_5xx: 5`): all three hosts ejected before; with the split
-//! and 10 local-origin failures in a row (the shipped manifests) none;
-//! with outlier detection's defaults 0-2 per run (the attempts armed
-//! before the delay is seen stale all fire, 30-45 ms into the brownout). The steady cost is within
-//! noise (design.md, "Outlier detection", with the variants that failed).
+//! Measured through Envoy (tests/e2e/mesh.rs, three hosts 10x slower at once):
+//! with the split and 10 local-origin failures in a row (the shipped
+//! manifests) no host ejected; before the 204, at outlier detection's
+//! defaults, 0-3 per run with this pacing (the attempts armed before the
+//! delay is seen stale all fire, 30-45 ms into the brownout), 3 of 3
+//! without it. The steady cost is within noise (design.md, "Outlier
+//! detection", with the variants that failed).
 
 use super::hosts::{HostPick, Hosts};
 
 /// In steady traffic: per-try timeouts a worker may leave standing on one
 /// host (fired since the host last answered) before it sends that host no
 /// armed attempt. Two per worker: two workers leave at most four, below
-/// `consecutive_5xx`'s default five; stragglers' timeouts are cleared by
-/// the host's next answer, milliseconds later, so this rarely binds.
+/// the default five in a row of outlier detection's counts; stragglers'
+/// timeouts are cleared by the host's next answer, milliseconds later, so
+/// this rarely binds.
 pub const STEADY_TIMEOUTS_PER_HOST: u32 = 2;
 
 /// Without host choice: armed requests of one worker to one cluster with

@@ -281,9 +281,10 @@ impl ClusterState {
     /// An eligible request, armed or refused, for the refusal pressure;
     /// not while the delay is stale (a brownout): the refusals then are the
     /// budget's brake on requests armed below the new latency, all of which
-    /// fire their per-try timeouts (504s to outlier detection), and raising
-    /// the guard a little would arm more of them, not fewer (measured:
-    /// through real Envoy the brownout test's default outlier settings
+    /// fire their per-try timeouts (failures to outlier detection with the
+    /// local-origin split; 504s without it before the 204), and raising
+    /// the guard a little would arm more of them, not fewer (measured,
+    /// before the 204: through real Envoy the brownout test's default outlier settings
     /// ejected all three hosts in 2 runs of 5 with the pressure counting
     /// there).
     fn count_refusal(&mut self, refused: bool) {

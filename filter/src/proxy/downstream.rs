@@ -14,6 +14,7 @@ use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{
     unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Skip, Strip,
+    TIMEOUT_AS_204,
 };
 use crate::policy::hosts::HostPick;
 use crate::policy::worker::{HostResponse, Worker};
@@ -252,14 +253,21 @@ impl<H: Host> DownstreamRequest<H> {
         }
     }
 
-    /// Sets the arming headers in the plan's order; false at the first failure.
+    /// Sets the arming headers in the plan's order; false at the first
+    /// failure. Then the timeouts' 204, best effort: if that write fails the
+    /// request is armed all the same (its timeouts are 504s, as before).
     fn arm(&self, arming: &Arming) -> bool {
-        arming.headers().all(|(name, value)| {
+        let armed = arming.headers().all(|(name, value)| {
             let mut buf = [0u8; 20];
             self.host
                 .set_request_header(name, value.bytes(&mut buf))
                 .is_ok()
-        })
+        });
+        if armed {
+            let (name, value) = TIMEOUT_AS_204;
+            let _ = self.host.set_request_header(name, value.as_bytes());
+        }
+        armed
     }
 
     fn strip(&self, strip: Strip) {
@@ -397,17 +405,24 @@ impl<H: Host> DownstreamRequest<H> {
     /// route timeout's reply (headers only: no body with a 204) goes back
     /// to what the client would have had without the filter: a 504, or
     /// UNAVAILABLE for a gRPC call (whose reply Envoy maps from the code).
+    /// Judged from the reply: a call the filter took for gRPC may not be
+    /// one to Envoy (which then answers it as plain HTTP).
     fn mend_timeout_reply(&mut self) {
-        if !self.origin().timed_out {
+        let origin = self.origin();
+        if !origin.timed_out {
             return;
         }
-        if self.armed_grpc {
-            let _ = self.host.set_response_header("grpc-status", b"14");
-            let _ = self
-                .host
-                .set_response_header("grpc-message", b"upstream request timeout");
-        } else if self.origin().status == Some(204) {
-            let _ = self.host.set_response_header(":status", b"504");
+        match origin.status {
+            Some(204) => {
+                let _ = self.host.set_response_header(":status", b"504");
+            }
+            Some(200) if self.armed_grpc => {
+                let _ = self.host.set_response_header("grpc-status", b"14");
+                let _ = self
+                    .host
+                    .set_response_header("grpc-message", b"upstream request timeout");
+            }
+            _ => {}
         }
     }
 
@@ -924,9 +939,9 @@ mod tests {
             .is_some());
     }
 
-    /// Outlier detection counts each fired per-try timeout as a 504: a
-    /// worker arms no more while two of its armed requests are past their
-    /// delay, and arms again once one ends.
+    /// Outlier detection with the local-origin split counts each fired
+    /// per-try timeout as a failure: a worker arms no more while two of its
+    /// armed requests are past their delay, and arms again once one ends.
     #[test]
     fn arming_waits_while_two_armed_requests_are_past_their_delay() {
         let (host, mut plugin) = warmed(r#"{"debug_header": true}"#);
@@ -1389,6 +1404,17 @@ mod tests {
         assert!(armed);
         assert_eq!(status.as_deref(), Some("200"));
         assert_eq!(grpc_status.as_deref(), Some("14"));
+        // a call the filter took for gRPC that Envoy answered as HTTP
+        let (armed, status, grpc_status) = reply(&call, &[(":status", "204")], timeout);
+        assert!(armed);
+        assert_eq!(status.as_deref(), Some("504"));
+        assert_eq!(grpc_status, None);
+        // the 204 is best effort: a failed write leaves the request armed
+        host.fail(&format!("set_request_header {TIMEOUT_ALT_RESPONSE}"));
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers();
+        assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some());
+        assert_eq!(host.request_header_text(TIMEOUT_ALT_RESPONSE), None);
     }
 
     #[test]

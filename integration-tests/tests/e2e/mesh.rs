@@ -295,7 +295,8 @@ fn with_outlier_detection(split: bool) -> String {
 /// `config` (with `plugin_config`, or the filter's absent), when every host
 /// turns 10x slower at once after the filter has learned the fast latency:
 /// its delay is stale for a while, and every request armed with it fires
-/// its per-try timeout (a 504 to outlier detection).
+/// its per-try timeout (reported to outlier detection: a 204 without the
+/// local-origin split, a local-origin failure with it).
 fn ejections_in_a_brownout(
     config: &str,
     plugin_config: Option<&str>,
