@@ -11,10 +11,11 @@ pub const MAX_RETRIES: &str = "x-envoy-max-retries";
 /// Envoy's router: without a retry-on value the per-try timeout does nothing.
 pub const RETRY_ON: &str = "x-envoy-retry-on";
 pub const RETRY_GRPC_ON: &str = "x-envoy-retry-grpc-on";
-/// Envoy's router: a timeout counts as a 204, not a 504. Set on armed
-/// requests so that a hedge's per-try timeout is no gateway failure to
-/// outlier detection (docs/design.md, "Outlier detection"); the route
-/// timeout's reply, a 204 then, is turned back into a 504 by the filter.
+/// Envoy's router: a timeout counts as a 204, not a 504. Set (to `true`) on
+/// armed requests once their arming headers are, best effort, so that a
+/// hedge's per-try timeout is no failure to outlier detection
+/// (docs/design.md, "Outlier detection"); the route timeout's reply, a 204
+/// then, is turned back into a 504 by the filter.
 pub const TIMEOUT_ALT_RESPONSE: &str = "x-envoy-upstream-rq-timeout-alt-response";
 
 /// Every request header that can make Envoy send more than one attempt.

@@ -31,7 +31,7 @@ use super::hosts::{HostPick, Hosts};
 use super::timeouts::{ArmedRequests, MAX_PAST_DELAY};
 use crate::headers::{
     FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON,
-    RETRY_ON, TIMEOUT_ALT_RESPONSE,
+    RETRY_ON,
 };
 
 /// What the filter reads from a request's headers (one host call; see
@@ -283,19 +283,12 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     buf.get(start..).unwrap_or_default()
 }
 
-/// Written on an armed request once its arming headers are set: the router
-/// then reports a fired per-try timeout to outlier detection as a 204, no
-/// failure (docs/design.md, "Outlier detection"), and answers the route
-/// timeout with a 204 that the filter turns back into a 504. Best effort:
-/// without it the request is armed as before, its timeouts 504s.
-pub const TIMEOUT_AS_204: (&str, &str) = (TIMEOUT_ALT_RESPONSE, "true");
-
 impl Arming {
     /// The request headers that arm Envoy's hedging, in the order to set
     /// them: the per-try timeout (the trigger) last, so that if a write
     /// fails, no header is left that could turn the timeout into a plain
     /// retry that cancels the first attempt. Once they are all set,
-    /// `TIMEOUT_AS_204` follows, best effort. `x-envoy-retry-grpc-on` only
+    /// `headers::TIMEOUT_ALT_RESPONSE` follows, best effort. `x-envoy-retry-grpc-on` only
     /// for gRPC calls (a client's was removed, unless clients are trusted:
     /// then Envoy still makes at most the `max-retries` attempts set here,
     /// which the budget has paid for).

@@ -5,7 +5,7 @@
 //! outlier detection at once (router `onSoftPerTryTimeout`), even though the
 //! attempt goes on and may well answer 200. Armed requests make that report
 //! a 204, no failure, unless the cluster sets
-//! `split_external_local_origin_errors` (`decision::TIMEOUT_AS_204`); with
+//! `split_external_local_origin_errors` (`headers::TIMEOUT_ALT_RESPONSE`); with
 //! the split it is a local-origin failure, and
 //! `consecutive_local_origin_failure` (5 by default, 10 in the shipped
 //! manifests) ejects a host after that many in a row with no new stream to

@@ -10,11 +10,10 @@ use std::rc::Rc;
 use super::host::{int_property, Action, Host, StreamCallbacks};
 use super::placement::Placement;
 use crate::header_pairs::{scan, scan_response};
-use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER};
+use crate::headers::{CONTROL_HEADERS, DEBUG_HEADER, FIRST_BYTE_MARKER, TIMEOUT_ALT_RESPONSE};
 use crate::policy::config::LatencySignal;
 use crate::policy::decision::{
     unplanned, Arming, ClusterId, Decision, Plan, Request, RouteId, Settlement, Skip, Strip,
-    TIMEOUT_AS_204,
 };
 use crate::policy::hosts::HostPick;
 use crate::policy::worker::{HostResponse, Worker};
@@ -264,8 +263,7 @@ impl<H: Host> DownstreamRequest<H> {
                 .is_ok()
         });
         if armed {
-            let (name, value) = TIMEOUT_AS_204;
-            let _ = self.host.set_request_header(name, value.as_bytes());
+            let _ = self.host.set_request_header(TIMEOUT_ALT_RESPONSE, b"true");
         }
         armed
     }
@@ -562,8 +560,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
 mod tests {
     use super::*;
     use crate::headers::{
-        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, TIMEOUT_ALT_RESPONSE,
-        UPSTREAM_SERVICE_TIME,
+        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, UPSTREAM_SERVICE_TIME,
     };
     use crate::proxy::fake::{plugin, FakeHost};
     use crate::proxy::root::{Plugin, Stream};

@@ -201,7 +201,6 @@ fn inspect(
     }
 }
 
-/// A cluster's upstream filter chain must end with the upstream codec.
 /// Outlier detection (an Envoy cluster's, an Istio `DestinationRule`'s, an
 /// Envoy Gateway passive health check) that splits local-origin errors
 /// counts every fired per-try timeout, which is what a hedge is, as a
@@ -254,8 +253,9 @@ fn check_outlier_detection(value: &Value, path: &[String], report: &mut Report) 
 
 /// With the local-origin split: the failures in a row that leave twice the
 /// margin of a brownout's burst of timeouts (docs/design.md).
-pub const MIN_LOCAL_ORIGIN_FAILURES: u64 = 10;
+const MIN_LOCAL_ORIGIN_FAILURES: u64 = 10;
 
+/// A cluster's upstream filter chain must end with the upstream codec.
 fn check_upstream_chain(value: &Value, path: &[String], report: &mut Report) {
     let Some(filters) = value.get("http_filters").and_then(Value::as_sequence) else {
         return;
