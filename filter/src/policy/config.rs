@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::{format_duration, parse_duration};
-use super::shared_state::{MAX_ROUTES, MAX_TRACKED_CLUSTERS};
+use super::shared_state::{MAX_CLUSTER_NAME, MAX_ROUTES, MAX_TRACKED_CLUSTERS};
 use super::window::SLICES;
 use crate::headers::{DEBUG_HEADER, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
 use crate::route_metadata::Kind;
@@ -250,6 +250,15 @@ fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     Ok(name)
 }
 
+fn admin_cluster_rule(name: Arc<str>) -> Result<Arc<str>, String> {
+    if name.len() > MAX_CLUSTER_NAME || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "must be a cluster's name (at most {MAX_CLUSTER_NAME} bytes, no spaces), or \"\" not to read the admin interface"
+        ));
+    }
+    Ok(name)
+}
+
 /// The type a setting's value takes, for reading it from route metadata
 /// (where Envoy leaves the types out; see `route_metadata`).
 trait SettingKind {
@@ -462,6 +471,11 @@ settings! {
         log_attribution: bool = false, Ok;
         /// The request header the cluster's `override_host` policy reads.
         host_header: Arc<str> = ENDPOINT_HEADER.into(), host_header_rule;
+        /// A cluster that reaches this Envoy's admin interface: host choice then reads `/clusters` for each host's health and weight, never names a host Envoy would not use, and weighs the rest ("": not read).
+        admin_cluster: Arc<str> = "".into(), admin_cluster_rule;
+        /// How often the admin interface is read (by one worker; all share what it read).
+        admin_refresh: TextDuration = millis(5_000),
+            |r| duration_within(r, Duration::from_secs(1), Duration::from_secs(60));
     }
 }
 
@@ -474,6 +488,17 @@ impl Config {
     /// Whether any cluster chooses its hosts (else no response's host is read).
     pub fn chooses_hosts(&self) -> bool {
         self.defaults.host_choice || self.clusters.values().any(|p| p.host_choice)
+    }
+
+    /// The cluster to read Envoy's admin interface through, if any cluster
+    /// would use what it says.
+    pub fn admin_cluster(&self) -> Option<&str> {
+        (!self.admin_cluster.is_empty() && self.chooses_hosts()).then_some(&*self.admin_cluster)
+    }
+
+    /// `admin_refresh` in milliseconds.
+    pub fn admin_refresh_ms(&self) -> u64 {
+        u64::try_from(self.admin_refresh.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -672,6 +697,12 @@ impl Config {
             config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
+        if !config.admin_cluster.is_empty() && !config.chooses_hosts() {
+            warnings.push(format!(
+                "admin_cluster \"{}\" is not read: only host choice uses it, and host_choice is false for every cluster",
+                config.admin_cluster
+            ));
+        }
         config.warnings = warnings;
         Ok(config)
     }

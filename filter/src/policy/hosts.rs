@@ -65,8 +65,14 @@
 //!   gets the request, so the filter must not name it. Outlier detection
 //!   ejects for errors, and errors put a host on probation here at once;
 //!   a host that fails active health checks while still answering requests
-//!   well is not seen (no property tells a filter a host's health).
+//!   well is not seen (no property tells a filter a host's health), unless
+//!   the filter reads Envoy's admin interface (`admin_cluster`,
+//!   `membership`): then a host Envoy does not call healthy, or no longer
+//!   lists, is held out (never named), and the score divides by the host's
+//!   load-balancing weight (brpc's form: a host of weight 3 may be three
+//!   times as busy before it looks as costly).
 
+use super::membership::Member;
 use super::shared_state::{SharedHost, MAX_HOSTS, MAX_HOST_ADDRESS};
 
 /// Share of the gap a sample above the cost closes.
@@ -148,6 +154,12 @@ pub struct Host {
     /// detection's count (see `FRESH_ATTEMPT_AFTER`).
     timeouts_since_attempt: u32,
     last_attempt_ns: u64,
+    /// Envoy's load-balancing weight, as the admin interface last said
+    /// (1 without it).
+    weight: f64,
+    /// The admin interface says Envoy would not send it traffic
+    /// (unhealthy, or not in the cluster): never named.
+    held_out: bool,
 }
 
 impl Host {
@@ -170,6 +182,8 @@ impl Host {
             timeouts_unanswered: 0,
             timeouts_since_attempt: 0,
             last_attempt_ns: 0,
+            weight: 1.0,
+            held_out: false,
         }
     }
 
@@ -225,9 +239,9 @@ impl Host {
         self.cost_us() * (1.0 + self.failure_count())
     }
 
-    /// The expected wait if sent one more request.
+    /// The expected wait if sent one more request, per unit of weight.
     pub fn score(&self) -> f64 {
-        self.slowness() * f64::from(self.in_flight.saturating_add(1))
+        self.slowness() * f64::from(self.in_flight.saturating_add(1)) / self.weight
     }
 
     /// Chosen by score only once in the shared value (all workers choose
@@ -237,6 +251,7 @@ impl Host {
         self.samples >= MIN_HOST_SAMPLES
             && !self.gone
             && !self.unreachable
+            && !self.held_out
             && self.base_log.is_some()
     }
 }
@@ -255,6 +270,8 @@ pub struct HostsSummary {
     /// Share of the responses attributed this tick that came from the
     /// slowest tracked host (0 without responses).
     pub slowest_share: f64,
+    /// Tracked hosts the admin interface says Envoy would not use.
+    pub held_out: usize,
 }
 
 impl Hosts {
@@ -508,8 +525,10 @@ impl Hosts {
     }
 
     /// After the shared value was written: every worker starts again from
-    /// the shared costs; probation from them. Returns the tick's summary.
-    pub fn refresh(&mut self, shared: &[SharedHost]) -> HostsSummary {
+    /// the shared costs; `members`, the admin interface's recent word on
+    /// the cluster (if read), holds hosts out and weighs them; probation
+    /// from them. Returns the tick's summary.
+    pub fn refresh(&mut self, shared: &[SharedHost], members: Option<&[Member]>) -> HostsSummary {
         let responses: u32 = self.hosts.iter().map(|h| h.responses_this_tick).sum();
         for h in self.hosts.iter_mut() {
             h.gone = true;
@@ -531,6 +550,7 @@ impl Hosts {
                 h.update_from(s);
             }
         }
+        let held_out = self.weigh(members);
         let slowest = self
             .hosts
             .iter()
@@ -544,12 +564,34 @@ impl Hosts {
         HostsSummary {
             tracked: self.len(),
             on_probation,
+            held_out,
             slowest_share: if responses == 0 {
                 0.0
             } else {
                 f64::from(slowest) / f64::from(responses)
             },
         }
+    }
+
+    /// The admin interface's weights and health on the hosts known here
+    /// (`members` sorted by address); without it, every host weighs 1 and
+    /// none is held out. Returns the hosts held out.
+    fn weigh(&mut self, members: Option<&[Member]>) -> usize {
+        let mut held_out = 0;
+        for h in self.hosts.iter_mut().filter(|h| !h.gone) {
+            let member = members.map(|m| {
+                m.binary_search_by(|m| m.address.as_str().cmp(&h.address))
+                    .ok()
+                    .and_then(|i| m.get(i))
+            });
+            (h.weight, h.held_out) = match member {
+                None => (1.0, false),
+                Some(None) => (1.0, true),
+                Some(Some(m)) => (f64::from(m.weight.max(1)), !m.healthy),
+            };
+            held_out += usize::from(h.held_out);
+        }
+        held_out
     }
 
     /// Puts on probation the hosts far slower than the median (at most half).
@@ -793,7 +835,7 @@ mod tests {
         }
         let mut shared = Vec::new();
         hosts.merge_into(&mut shared, T0);
-        hosts.refresh(&shared);
+        hosts.refresh(&shared, None);
         (hosts, shared)
     }
 
@@ -852,7 +894,7 @@ mod tests {
                     }
                 }
                 hosts.merge_into(&mut shared, T0 + tick * 200);
-                let summary = hosts.refresh(&shared);
+                let summary = hosts.refresh(&shared, None);
                 if tick >= 10 {
                     bad_ticks += usize::from(hosts.get(3).unwrap().probation);
                     let bad_cost = hosts.get(3).unwrap().cost_us();
@@ -942,7 +984,7 @@ mod tests {
             hosts.fail(2);
         }
         hosts.merge_into(&mut shared, T0);
-        assert_eq!(hosts.refresh(&shared).on_probation, 1);
+        assert_eq!(hosts.refresh(&shared, None).on_probation, 1);
         assert!(hosts.get(2).unwrap().probation);
         assert_eq!(
             shared[2].failures, FAILURE_CAP,
@@ -950,19 +992,19 @@ mod tests {
         );
         // with time alone (nothing measured: on probation, unexplored) it fades
         hosts.merge_into(&mut shared, T0 + 8_000);
-        hosts.refresh(&shared);
+        hosts.refresh(&shared, None);
         assert!(!hosts.get(2).unwrap().probation);
         // failing again, then two successes (exploration) bring it back
         for _ in 0..10 {
             hosts.fail(2);
         }
         hosts.merge_into(&mut shared, T0 + 8_200);
-        hosts.refresh(&shared);
+        hosts.refresh(&shared, None);
         assert!(hosts.get(2).unwrap().probation);
         hosts.observe(2, 1000.0);
         hosts.observe(2, 1000.0);
         hosts.merge_into(&mut shared, T0 + 8_400);
-        hosts.refresh(&shared);
+        hosts.refresh(&shared, None);
         assert!(!hosts.get(2).unwrap().probation, "{:?}", shared[2]);
     }
 
@@ -1050,9 +1092,9 @@ mod tests {
             a.observe(x, 1000.0);
         }
         a.merge_into(&mut shared, T0);
-        a.refresh(&shared);
+        a.refresh(&shared, None);
         b.merge_into(&mut shared, T0);
-        b.refresh(&shared);
+        b.refresh(&shared, None);
         let bx = b.find_or_add(b"x:80").unwrap();
         assert!((b.get(bx).unwrap().cost_us() - 1000.0).abs() < 1.0);
         // both see it turn slow; together the cost moves further than either alone
@@ -1063,7 +1105,7 @@ mod tests {
         let alone = a.get(x).unwrap().cost_us();
         a.merge_into(&mut shared, T0 + 200);
         b.merge_into(&mut shared, T0 + 200);
-        b.refresh(&shared);
+        b.refresh(&shared, None);
         let together = b.get(bx).unwrap().cost_us();
         assert!(together > alone * 1.2, "{together} vs {alone}");
         assert_eq!(shared.first().unwrap().samples, 28);
@@ -1076,7 +1118,7 @@ mod tests {
         hosts.merge_into(&mut shared, T0 + FORGET_MS - 1);
         hosts.observe(0, 1000.0);
         hosts.merge_into(&mut shared, T0 + FORGET_MS + 1);
-        assert_eq!(hosts.refresh(&shared).tracked, 1);
+        assert_eq!(hosts.refresh(&shared, None).tracked, 1);
         assert!(hosts.get(1).unwrap().gone);
         // its slot goes to the next new host once nothing names it
         hosts.track(1, true);

@@ -19,6 +19,7 @@ pub mod duration;
 pub mod hedge_delay;
 pub mod hold;
 pub mod hosts;
+pub mod membership;
 pub mod routes;
 pub mod shared_state;
 pub mod sketch;

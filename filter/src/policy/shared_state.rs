@@ -86,6 +86,11 @@ pub fn registry_key(geometry: WindowGeometry) -> String {
     format!("{}clusters", key_prefix(geometry))
 }
 
+/// The admin interface's last read (`membership`).
+pub fn membership_key(geometry: WindowGeometry) -> String {
+    format!("{}admin_membership", key_prefix(geometry))
+}
+
 /// A cluster's shared value.
 pub fn cluster_key(geometry: WindowGeometry, name: &str) -> String {
     format!("{}cluster/{name}", key_prefix(geometry))

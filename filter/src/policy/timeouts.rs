@@ -389,7 +389,7 @@ mod tests {
         }
         let mut shared = Vec::new();
         hosts.merge_into(&mut shared, 1_000);
-        hosts.refresh(&shared);
+        hosts.refresh(&shared, None);
         hosts
     }
 

@@ -21,9 +21,10 @@ use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, BudgetState, HedgeDelay,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
+use super::membership::{admin_path, parse_admin_clusters, Membership};
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
-    cluster_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError,
+    cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError,
     CREATE_ONLY, MAX_CLUSTER_NAME,
 };
 use super::sketch::Sketch;
@@ -67,6 +68,10 @@ const MAX_ROUTE_VARIANTS: usize = 64;
 /// Slices that make up the "recent" quantile (see `hedge_delay`).
 const RECENT_SLICES: u64 = 2;
 
+/// How often a worker looks at the admin interface's last read in shared
+/// memory (ms): a tick's work, but not every tick's.
+const MEMBERSHIP_LOOK_MS: u64 = 1_000;
+
 metric_set! {
     /// Per cluster: `adaptive_hedge.<metric>.<cluster>`.
     pub enum ClusterMetric {
@@ -99,6 +104,9 @@ metric_set! {
         /// Hosts the workers know the cost of (seen within `FORGET_MS`).
         HostsTracked = ("hosts_tracked", Gauge),
         HostsOnProbation = ("hosts_on_probation", Gauge),
+        /// Hosts the admin interface says Envoy would not use (unhealthy,
+        /// ejected, removed): never named (`admin_cluster`).
+        HostsHeldOut = ("hosts_held_out", Gauge),
         /// Per mille of last tick's responses (this worker) that came from
         /// the slowest host.
         SlowestHostShare = ("slowest_host_share_permille", Gauge),
@@ -142,6 +150,10 @@ metric_set! {
         /// The bytes of the cluster values in shared memory, as this worker
         /// last read or wrote them.
         SharedDataBytes = ("shared_data_bytes", Gauge),
+        /// Reads of Envoy's admin interface (`admin_cluster`) this worker
+        /// made, and those that failed.
+        AdminReads = ("admin_reads_total", Counter),
+        AdminReadFailures = ("admin_read_failures_total", Counter),
     }
 }
 
@@ -169,6 +181,9 @@ enum Tracking {
 #[derive(Debug)]
 pub struct ClusterState {
     name: String,
+    /// The Envoy cluster (`name` but for a route with overrides, hedged
+    /// under a name of its own).
+    envoy_cluster: String,
     policy: Arc<ClusterPolicy>,
     tracking: Tracking,
     /// Cached on the tick; `None` while warming up.
@@ -223,10 +238,11 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    fn new(name: String, policy: Arc<ClusterPolicy>) -> Self {
+    fn new(name: String, envoy_cluster: String, policy: Arc<ClusterPolicy>) -> Self {
         let armed = ArmedRequests::new(1.0 - trigger_quantile(&policy));
         ClusterState {
             name,
+            envoy_cluster,
             budget: LocalBudget::new(budget_terms(&policy)),
             refusals: RefusalPressure::default(),
             policy,
@@ -444,6 +460,22 @@ pub struct Worker {
     route_metadata: RouteMetadataCache,
     /// Lines to log on the next tick (`plan` has no logger).
     pending_log: Vec<(Level, String)>,
+    admin: AdminReads,
+}
+
+/// Reading Envoy's admin interface (`admin_cluster`, `membership`).
+#[derive(Debug, Default)]
+struct AdminReads {
+    /// The last read, as this worker last looked at it in shared memory,
+    /// and its token there.
+    membership: Membership,
+    token: Option<u32>,
+    /// When this worker looks at the shared value next (ms).
+    next_look_ms: u64,
+    /// When this worker claimed a read it has not heard back from.
+    in_flight_since_ms: Option<u64>,
+    /// The last read this worker made failed (logged once until one works).
+    failing: bool,
 }
 
 /// A route whose metadata (`filter_metadata.adaptive_hedge`) overrides its
@@ -491,6 +523,7 @@ impl Worker {
             variants: Vec::new(),
             route_metadata: RouteMetadataCache::default(),
             pending_log: Vec::new(),
+            admin: AdminReads::default(),
         }
     }
 
@@ -632,14 +665,19 @@ impl Worker {
         }
         let text = std::str::from_utf8(name).ok()?;
         let policy = self.config.policy_for(text);
-        self.insert(text.to_string(), policy)
+        self.insert(text.to_string(), text.to_string(), policy)
     }
 
     fn clusters_full(&self) -> bool {
         self.clusters.len() >= LOCAL_CLUSTERS_PER_LIMIT * self.config.max_clusters
     }
 
-    fn insert(&mut self, name: String, policy: Arc<ClusterPolicy>) -> Option<ClusterId> {
+    fn insert(
+        &mut self,
+        name: String,
+        envoy_cluster: String,
+        policy: Arc<ClusterPolicy>,
+    ) -> Option<ClusterId> {
         // Room for twice the limit: the registry decides which clusters are
         // tracked, and a worker whose first names were refused there (other
         // workers registered theirs first) must still be able to take the
@@ -649,7 +687,8 @@ impl Worker {
         }
         let id = self.clusters.len();
         self.index.insert(name.as_bytes().into(), id);
-        self.clusters.push(ClusterState::new(name, policy));
+        self.clusters
+            .push(ClusterState::new(name, envoy_cluster, policy));
         Some(id)
     }
 
@@ -713,7 +752,7 @@ impl Worker {
                     }
                     Some(id)
                 }
-                None => match self.insert(name, Arc::new(policy)) {
+                None => match self.insert(name, cluster_name.to_string(), Arc::new(policy)) {
                     Some(id) => Some(id),
                     None => return VariantLookup::Full,
                 },
@@ -913,8 +952,132 @@ impl Worker {
         {
             self.register_pending(now_ms, store, log);
         }
+        self.look_at_membership(now_ms, store);
         for id in 0..self.clusters.len() {
             self.sync_cluster(id, now_ms, store, log);
+        }
+    }
+
+    /// The admin interface's last read, from shared memory, at most once
+    /// every `MEMBERSHIP_LOOK_MS`, decoded only when it changed.
+    fn look_at_membership(&mut self, now_ms: u64, store: &dyn SharedStore) {
+        if self.config.admin_cluster().is_none() || now_ms < self.admin.next_look_ms {
+            return;
+        }
+        self.admin.next_look_ms = now_ms.saturating_add(MEMBERSHIP_LOOK_MS);
+        let Ok(Some((bytes, token))) = store.get(&membership_key(self.geometry)) else {
+            return;
+        };
+        if self.admin.token == Some(token) {
+            return;
+        }
+        // a value that does not decode is replaced by the next read
+        if let Ok(membership) = Membership::decode(&bytes) {
+            self.admin.membership = membership;
+            self.admin.token = Some(token);
+        }
+    }
+
+    /// After `sync`: the path of a read of the admin interface this worker
+    /// has claimed (`admin_refresh` after the last claim, by any worker),
+    /// for the glue to GET through `admin_cluster`; then `admin_read_done`.
+    /// The read asks for the clusters in the shared registry that choose
+    /// their hosts (all workers' clusters), and for the Envoy cluster of
+    /// each route with overrides (`<cluster>.route.<route>`; a name that
+    /// only looks like one matches nothing there, harmlessly).
+    pub fn claim_admin_read(&mut self, now_ms: u64, store: &dyn SharedStore) -> Option<String> {
+        self.config.admin_cluster()?;
+        let refresh_ms = self.config.admin_refresh_ms();
+        let in_flight = self
+            .admin
+            .in_flight_since_ms
+            .is_some_and(|since| now_ms.saturating_sub(since) < 2 * refresh_ms);
+        if in_flight || !self.admin.membership.due(now_ms, refresh_ms) {
+            return None;
+        }
+        let registry = store
+            .get(&registry_key(self.geometry))
+            .ok()
+            .flatten()
+            .and_then(|(bytes, _)| Registry::decode(&bytes).ok())?;
+        let mut names: Vec<&str> = Vec::new();
+        for name in &registry.names {
+            names.push(name);
+            if let Some((cluster, _)) = name.split_once(".route.") {
+                names.push(cluster);
+            }
+        }
+        names.retain(|n| self.config.policy_for(n).host_choice);
+        names.sort_unstable();
+        names.dedup();
+        let path = admin_path(names)?;
+        let key = membership_key(self.geometry);
+        let (mut value, token) = match store.get(&key) {
+            Ok(Some((bytes, token))) => (Membership::decode(&bytes).unwrap_or_default(), token),
+            Ok(None) => (Membership::default(), CREATE_ONLY),
+            Err(_) => return None,
+        };
+        if !value.due(now_ms, refresh_ms) {
+            // another worker claimed it since this one last looked
+            self.admin.membership = value;
+            return None;
+        }
+        value.claimed_ms = now_ms;
+        store.set(&key, &value.encode(), token).ok()?;
+        self.admin.membership = value;
+        self.admin.in_flight_since_ms = Some(now_ms);
+        Some(path)
+    }
+
+    /// The read `claim_admin_read` asked for answered (`Ok`: the body of a
+    /// 200) or failed (why): what it says goes to shared memory for every
+    /// worker's next look.
+    pub fn admin_read_done(
+        &mut self,
+        now_ms: u64,
+        result: Result<&[u8], String>,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) {
+        self.admin.in_flight_since_ms = None;
+        let cluster = self.config.admin_cluster.clone();
+        let body = match result {
+            Ok(body) => body,
+            Err(why) => {
+                self.metrics.add(WorkerMetric::AdminReadFailures, 1);
+                if !std::mem::replace(&mut self.admin.failing, true) {
+                    log.log(
+                        Level::Warn,
+                        &format!("cannot read Envoy's admin interface through cluster \"{cluster}\": {why}; hosts are chosen without Envoy's word on their health and weight until a read works"),
+                    );
+                }
+                return;
+            }
+        };
+        let clusters = parse_admin_clusters(body);
+        let update = update_shared(
+            store,
+            &membership_key(self.geometry),
+            false,
+            Membership::decode,
+            Membership::default,
+            |m| {
+                m.read_ms = now_ms;
+                m.clusters = clusters.clone();
+            },
+            Membership::encode,
+        );
+        self.metrics.add(WorkerMetric::AdminReads, 1);
+        if let Some(stored) = self.account(update, log, "membership") {
+            self.admin.membership = stored.value;
+            // the token is not known: the next look decodes the value again
+            self.admin.token = None;
+        }
+        if std::mem::replace(&mut self.admin.failing, false) {
+            log.log(
+                Level::Info,
+                &format!("Envoy's admin interface read again through cluster \"{cluster}\""),
+            );
         }
     }
 
@@ -1174,7 +1337,12 @@ impl Worker {
             (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
             _ => None,
         };
-        state.hosts_summary = state.hosts.refresh(&shared.value.hosts);
+        let members = self.admin.membership.members(
+            &state.envoy_cluster,
+            now_ms,
+            self.config.admin_refresh_ms(),
+        );
+        state.hosts_summary = state.hosts.refresh(&shared.value.hosts, members);
         let (checks, misses) = state.hosts.take_override_checks();
         state.override_check.add(checks, misses);
         if state.override_check.tick(now_ms) {
@@ -1264,6 +1432,7 @@ impl Worker {
                 ClusterMetric::WindowSamples => Some(samples),
                 ClusterMetric::HostsTracked => Some(hosts.tracked as u64),
                 ClusterMetric::HostsOnProbation => Some(hosts.on_probation as u64),
+                ClusterMetric::HostsHeldOut => Some(hosts.held_out as u64),
                 ClusterMetric::SlowestHostShare => {
                     Some((hosts.slowest_share * 1000.0).round() as u64)
                 }
@@ -2323,6 +2492,82 @@ mod tests {
         let hosts = b.cluster(0).unwrap().hosts();
         assert_eq!(hosts.len(), 3);
         assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 1);
+    }
+
+    /// What `/clusters` says of cluster "c": h0 of weight 3, h1, and h2
+    /// failing its health checks.
+    const ADMIN_SAYS: &[u8] = b"c::added_via_api::false
+c::h0::health_flags::healthy
+c::h0::weight::3
+c::h1::rq_total::7
+c::h1::health_flags::healthy
+c::h1::weight::1
+c::h2::health_flags::/failed_active_hc
+c::h2::weight::1
+";
+
+    #[test]
+    fn the_admin_interface_holds_unhealthy_hosts_out_and_weighs_the_rest() {
+        let store = MemoryStore::default();
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
+        let (mut w, mut other) = (Worker::new(config(json)), Worker::new(config(json)));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        // no host is slow: only the admin interface tells them apart
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        // nothing to read before a cluster is registered
+        assert_eq!(w.claim_admin_read(T0, &store), None);
+        w.sync(T0, &store, &mut log);
+        let path = w.claim_admin_read(T0, &store).unwrap();
+        assert_eq!(path, "/clusters?filter=%5E%28%3F%3Ac%29%24");
+        // one worker reads per period: the others see its claim
+        assert_eq!(other.claim_admin_read(T0 + 100, &store), None);
+        assert_eq!(w.claim_admin_read(T0 + 100, &store), None);
+        w.admin_read_done(T0 + 50, Ok(ADMIN_SAYS), &store, &mut log);
+        w.sync(T0 + 200, &store, &mut log);
+        let arrivals = host_traffic(&mut w, 1000, usize::MAX, &mut rr);
+        // h2 only from the exploration share (left to the balancer)
+        assert!(arrivals[2] <= 15, "the unhealthy host got {arrivals:?}");
+        assert!(arrivals[0] > 2 * arrivals[1], "weights: {arrivals:?}");
+        w.sync(T0 + 400, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.hosts_held_out.c"), Some(1));
+        assert_eq!(stats.get("adaptive_hedge.admin_reads_total"), Some(1));
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        // the other worker has it from shared memory on its next tick
+        traffic(&mut other, "c", 1, 2000);
+        other.sync(T0 + 400, &store, &mut log);
+        let held_out = |w: &Worker| w.cluster(0).unwrap().hosts_summary.held_out;
+        assert_eq!(held_out(&other), 1);
+        // a period later another read is due, and a failed one is logged once
+        let path = other.claim_admin_read(T0 + 5_000, &store);
+        assert!(path.is_some());
+        for _ in 0..2 {
+            other.admin_read_done(T0 + 5_100, Err("it answered 404".into()), &store, &mut log);
+        }
+        assert_eq!(log.0.len(), 1, "{:?}", log.0);
+        assert!(log.0[0].contains("cannot read Envoy's admin interface through cluster \"admin\": it answered 404"));
+    }
+
+    #[test]
+    fn without_host_choice_the_admin_interface_is_not_read() {
+        let store = MemoryStore::default();
+        let json = r#"{"admin_cluster": "admin", "host_choice": false}"#;
+        let mut w = Worker::new(config(json));
+        traffic(&mut w, "c", 10, 2000);
+        w.sync(T0, &store, &mut Lines::default());
+        assert_eq!(w.claim_admin_read(T0, &store), None);
+        // on for one cluster: only that one is asked for
+        let json = r#"{"admin_cluster": "admin", "host_choice": false, "clusters": {"b": {"host_choice": true}}}"#;
+        let mut w = Worker::new(config(json));
+        traffic(&mut w, "c", 10, 2000);
+        traffic(&mut w, "b", 10, 2000);
+        w.sync(T0, &store, &mut Lines::default());
+        assert_eq!(
+            w.claim_admin_read(T0, &store).as_deref(),
+            Some("/clusters?filter=%5E%28%3F%3Ab%29%24")
+        );
     }
 
     #[test]

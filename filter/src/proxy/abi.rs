@@ -16,6 +16,8 @@ const CAS_MISMATCH: u32 = 8;
 
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
+const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
 #[link(wasm_import_module = "env")]
@@ -221,6 +223,45 @@ impl Host for Abi {
         status(unsafe {
             proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len())
         })
+    }
+
+    fn dispatch_get(&self, cluster: &str, path: &str, timeout_ms: u32) -> Result<u32, HostStatus> {
+        // Through the SDK, not the raw call: its dispatcher must know the
+        // token to hand the answer to the root context (it panics on an
+        // answer with a token it does not know). Its own panic is for a
+        // status other than Ok, BadArgument (an unknown cluster, a missing
+        // pseudo-header) and InternalFailure, the only ones Envoy's
+        // `Context::httpCall` returns.
+        let headers = vec![
+            (":method", "GET"),
+            (":path", path),
+            (":authority", "adaptive-hedge"),
+        ];
+        proxy_wasm::hostcalls::dispatch_http_call(
+            cluster,
+            headers,
+            None,
+            vec![],
+            std::time::Duration::from_millis(u64::from(timeout_ms)),
+        )
+        .map_err(|status| HostStatus(status as u32))
+    }
+
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+        header(MAP_HTTP_CALL_RESPONSE_HEADERS, name)
+    }
+
+    fn http_call_response_body(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        if size == 0 {
+            return Ok(None);
+        }
+        let (mut data, mut len) = (null_mut(), 0usize);
+        // SAFETY: out-pointers to locals.
+        let code = unsafe {
+            proxy_get_buffer_bytes(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, size, &mut data, &mut len)
+        };
+        // SAFETY: the host allocated `len` bytes on Ok.
+        unsafe { answer(code, data, len) }
     }
 }
 

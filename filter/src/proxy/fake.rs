@@ -36,6 +36,11 @@ pub struct State {
     pub calls: Vec<String>,
     pub store: MemoryStore,
     pub stats: Stats,
+    /// `dispatch_get` calls made: (cluster, path, timeout in ms).
+    pub dispatched: Vec<(String, String, u32)>,
+    /// The answer being delivered: its headers and body.
+    pub call_response_headers: Vec<(String, Vec<u8>)>,
+    pub call_response_body: Vec<u8>,
 }
 
 #[derive(Clone, Default)]
@@ -217,6 +222,30 @@ impl Host for FakeHost {
             .filter_state
             .insert(name.to_string(), value.to_vec());
         Ok(())
+    }
+
+    fn dispatch_get(&self, cluster: &str, path: &str, timeout_ms: u32) -> Result<u32, HostStatus> {
+        self.call("dispatch_get", cluster)?;
+        let mut s = self.state_mut();
+        s.dispatched
+            .push((cluster.to_string(), path.to_string(), timeout_ms));
+        Ok(s.dispatched.len() as u32)
+    }
+
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.call("http_call_response_header", name)?;
+        let s = self.state();
+        Ok(s.call_response_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone()))
+    }
+
+    fn http_call_response_body(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.call("http_call_response_body", "")?;
+        let s = self.state();
+        let body = s.call_response_body.get(..size).unwrap_or(&s.call_response_body);
+        Ok((!body.is_empty()).then(|| body.to_vec()))
     }
 
     fn property(&self, path: &[u8]) -> Result<Option<Vec<u8>>, HostStatus> {

@@ -57,6 +57,14 @@ pub trait Host: Clone + SharedStore + MetricsSink + Logger {
     /// Sets the stream's filter state `name` (Envoy keeps it as
     /// `wasm.<name>`, readable by access logs).
     fn set_filter_state(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
+    /// Sends `GET path` to `cluster` (from the root context); the answer
+    /// comes to `Plugin::on_http_call_response` with the returned token.
+    fn dispatch_get(&self, cluster: &str, path: &str, timeout_ms: u32) -> Result<u32, HostStatus>;
+    /// A header of the answer being delivered (`None`: absent, as on a
+    /// timeout or a reset).
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// The body of the answer being delivered (`size` as given).
+    fn http_call_response_body(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus>;
 }
 
 /// An integer property (8 bytes, little-endian); `None` if absent or not one.

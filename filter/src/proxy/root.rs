@@ -21,6 +21,10 @@ use crate::telemetry::Level;
 /// no more than this.
 const UPSTREAM_TICK_MS: u32 = 1000;
 
+/// The longest wait for the admin interface's answer (ms; at most
+/// `admin_refresh`).
+const ADMIN_READ_TIMEOUT_MS: u32 = 5_000;
+
 pub struct Plugin<H: Host> {
     host: H,
     role: Role,
@@ -29,6 +33,8 @@ pub struct Plugin<H: Host> {
     /// Upstream role: what its attempts held and released.
     holds: Rc<RefCell<HoldStats>>,
     placement: Rc<Placement>,
+    /// The read of Envoy's admin interface this VM sent (`admin_cluster`).
+    admin_read: Option<u32>,
 }
 
 /// A context for one HTTP stream, of the plugin's role. Moved into a box
@@ -47,6 +53,7 @@ impl<H: Host> Plugin<H> {
             worker: None,
             holds: Rc::default(),
             placement: Rc::new(Placement::new(Role::Downstream)),
+            admin_read: None,
         }
     }
 
@@ -117,6 +124,22 @@ impl<H: Host> Plugin<H> {
                 };
                 worker.stir(now_ns);
                 worker.sync(now_ms, &self.host, &mut host);
+                if let Some(path) = worker.claim_admin_read(now_ms, &self.host) {
+                    let cluster = worker.config().admin_cluster.clone();
+                    // an answer later than the next read is not waited for
+                    let timeout_ms = u32::try_from(worker.config().admin_refresh_ms())
+                        .unwrap_or(u32::MAX)
+                        .min(ADMIN_READ_TIMEOUT_MS);
+                    match self.host.dispatch_get(&cluster, &path, timeout_ms) {
+                        Ok(token) => self.admin_read = Some(token),
+                        Err(status) => worker.admin_read_done(
+                            now_ms,
+                            Err(format!("dispatch_http_call failed (status {}: no such cluster?)", status.0)),
+                            &self.host,
+                            &mut host,
+                        ),
+                    }
+                }
                 worker.flush_metrics(&mut host);
             }
             Role::Upstream => {
@@ -127,6 +150,41 @@ impl<H: Host> Plugin<H> {
                 holds.flush_metrics(&mut host);
             }
         }
+    }
+
+    /// The answer to an HTTP call this VM made: the admin read's, if its
+    /// token (a 200's body, or why not).
+    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
+        if self.admin_read != Some(token) {
+            return;
+        }
+        self.admin_read = None;
+        let Ok(now_ns) = self.host.now_ns() else {
+            return;
+        };
+        let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) else {
+            return;
+        };
+        let body = match self.host.http_call_response_header(":status") {
+            Ok(Some(status)) if status == b"200" => self
+                .host
+                .http_call_response_body(body_size)
+                .map(Option::unwrap_or_default)
+                .map_err(|s| format!("cannot read the answer's body (status {})", s.0)),
+            Ok(Some(status)) => Err(format!(
+                "it answered {}",
+                String::from_utf8_lossy(&status)
+            )),
+            Ok(None) => Err("no answer (timed out, or the connection failed)".to_string()),
+            Err(s) => Err(format!("cannot read the answer (status {})", s.0)),
+        };
+        let mut host = self.host.clone();
+        worker.admin_read_done(
+            now_ns / 1_000_000,
+            body.as_deref().map_err(Clone::clone),
+            &self.host,
+            &mut host,
+        );
     }
 
     /// The context of a new HTTP stream (without a worker, a downstream one
@@ -151,6 +209,7 @@ mod tests {
     use super::*;
     use crate::headers::MAX_RETRIES;
     use crate::proxy::fake::{plugin, FakeHost};
+    use crate::policy::shared_state::SharedStore;
     use crate::proxy::host::{Action, StreamCallbacks};
 
     fn configure(json: &str) -> (FakeHost, bool) {
@@ -214,6 +273,67 @@ mod tests {
         plugin.on_tick();
         assert!(host.logged("get_shared_data(registry) failed"));
         assert_eq!(host.stat("adaptive_hedge.host_errors_total"), Some(1));
+    }
+
+    /// A request to "backend" answered by its upstream, so the cluster is
+    /// tracked from the next tick on.
+    fn tracked_backend(host: &FakeHost, plugin: &Plugin<FakeHost>) {
+        host.request(Some("backend"), &[(":method", "GET")]);
+        let Stream::Downstream(mut r) = plugin.stream() else {
+            panic!("wrong role")
+        };
+        r.on_request_headers();
+        host.set_property(b"response\0code_details", b"via_upstream");
+        r.on_response_headers(true);
+    }
+
+    #[test]
+    fn the_admin_interface_is_read_on_the_tick_and_its_answer_shared() {
+        let (host, mut plugin) = plugin(r#"{"admin_cluster": "envoy_admin", "admin_refresh": "2s"}"#);
+        tracked_backend(&host, &plugin);
+        plugin.on_tick();
+        let dispatched = host.state().dispatched.clone();
+        assert_eq!(
+            dispatched,
+            [(
+                "envoy_admin".to_string(),
+                "/clusters?filter=%5E%28%3F%3Abackend%29%24".to_string(),
+                2000
+            )]
+        );
+        // the next tick waits for the answer, and for the next period
+        plugin.on_tick();
+        assert_eq!(host.state().dispatched.len(), 1);
+        let body = b"backend::10.0.0.1:80::health_flags::/failed_outlier_check\n";
+        {
+            let mut s = host.state_mut();
+            s.call_response_headers = vec![(":status".into(), b"200".to_vec())];
+            s.call_response_body = body.to_vec();
+        }
+        // an answer to a call the filter did not make changes nothing
+        plugin.on_http_call_response(7, body.len());
+        assert_eq!(host.calls_to("http_call_response_header"), 0);
+        plugin.on_http_call_response(1, body.len());
+        let key = crate::policy::shared_state::membership_key(
+            plugin.worker.as_ref().unwrap().borrow().geometry(),
+        );
+        let (stored, _) = SharedStore::get(&host, &key).unwrap().unwrap();
+        let membership = crate::policy::membership::Membership::decode(&stored).unwrap();
+        let members = membership.clusters.get("backend").unwrap();
+        assert_eq!(members[0].address, "10.0.0.1:80");
+        assert!(!members[0].healthy);
+        // a failed answer is logged with its status, a failed dispatch too
+        host.advance_ms(2_000);
+        plugin.on_tick();
+        host.state_mut().call_response_headers = vec![(":status".into(), b"404".to_vec())];
+        plugin.on_http_call_response(2, 0);
+        assert!(host.logged("through cluster \"envoy_admin\": it answered 404"));
+        host.fail("dispatch_get");
+        host.advance_ms(2_000);
+        plugin.on_tick();
+        plugin.on_tick();
+        assert_eq!(host.stat("adaptive_hedge.admin_read_failures_total"), Some(2));
+        assert_eq!(host.stat("adaptive_hedge.admin_reads_total"), Some(1));
     }
 
     #[test]

@@ -24,7 +24,17 @@ fn sdk(action: Action) -> SdkAction {
 
 struct Root(Plugin<Abi>);
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        self.0.on_http_call_response(token_id, body_size);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {

@@ -1,0 +1,411 @@
+//! What Envoy's admin interface says of the clusters' hosts: their weights,
+//! and whether Envoy would send them traffic (`admin_cluster`).
+//!
+//! Why: the `override_host` policy sends a request to the host its header
+//! names whatever Envoy thinks of that host's health. A host failing active
+//! health checks, ejected by outlier detection or being removed still gets
+//! every request the filter names it in, and no property tells a filter a
+//! host's health or its load-balancing weight. Envoy's admin `/clusters`
+//! does: one line per host and fact (`cluster::address::weight::3`,
+//! `cluster::address::health_flags::healthy`). One worker at a time reads
+//! it (the claim below), every `admin_refresh`, through a cluster that
+//! reaches the admin listener; all workers read the result from shared
+//! memory on their ticks.
+//!
+//! What the filter does with it (`hosts`): a host Envoy does not call
+//! healthy, or does not list at all, is never named; the score divides
+//! by the weight. A read older than `STALE_READS` refreshes is not
+//! trusted: the hosts are then chosen as without it.
+
+use std::collections::BTreeMap;
+
+use super::shared_state::{DecodeError, MAX_HOST_ADDRESS};
+
+const MAGIC: &[u8; 3] = b"AHM";
+const VERSION: u8 = 1;
+/// A cluster with more hosts than this is left out of the read (its hosts
+/// are chosen as without it): the value stays bounded.
+pub const MAX_MEMBERS: usize = 1024;
+/// The names of the clusters to read go into the admin request as a
+/// regular expression (`/clusters?filter=`); past this length the whole
+/// `/clusters` is read instead.
+pub const MAX_FILTER_BYTES: usize = 8 * 1024;
+/// Reads older than this many refresh periods are not trusted.
+pub const STALE_READS: u64 = 3;
+/// Weights Envoy accepts are 1 to 128 (`load_balancing_weight`); anything
+/// else read is clamped into that range.
+const MAX_WEIGHT: u32 = 128;
+
+/// One host of a cluster, as the admin interface lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// As Envoy writes it, the same string as `upstream.address`.
+    pub address: String,
+    pub weight: u32,
+    /// Envoy's health flags say `healthy` (no failed active or EDS health
+    /// check, no outlier ejection, not pending removal).
+    pub healthy: bool,
+}
+
+/// The last read of the admin interface, shared by all workers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// When the admin interface was last read successfully (ms); 0: never.
+    pub read_ms: u64,
+    /// When a worker last claimed a read (ms): the others wait a period.
+    pub claimed_ms: u64,
+    /// Each cluster's members, sorted by address.
+    pub clusters: BTreeMap<String, Vec<Member>>,
+}
+
+impl Membership {
+    /// Whether a read is due: the last claim is a refresh period old (a
+    /// worker whose read failed, or whose VM went, leaves it to the next
+    /// period's claim).
+    pub fn due(&self, now_ms: u64, refresh_ms: u64) -> bool {
+        self.claimed_ms == 0 || now_ms.saturating_sub(self.claimed_ms) >= refresh_ms
+    }
+
+    /// `cluster`'s members, if the last read is recent and listed it.
+    pub fn members(&self, cluster: &str, now_ms: u64, refresh_ms: u64) -> Option<&[Member]> {
+        let fresh = self.read_ms > 0
+            && now_ms.saturating_sub(self.read_ms) <= STALE_READS.saturating_mul(refresh_ms);
+        fresh
+            .then(|| self.clusters.get(cluster).map(Vec::as_slice))
+            .flatten()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.read_ms.to_le_bytes());
+        out.extend_from_slice(&self.claimed_ms.to_le_bytes());
+        let clusters = self
+            .clusters
+            .iter()
+            .filter(|(name, members)| name.len() <= usize::from(u16::MAX) && members.len() <= MAX_MEMBERS);
+        out.extend_from_slice(&(clusters.clone().count() as u32).to_le_bytes());
+        for (name, members) in clusters {
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            let members: Vec<&Member> = members
+                .iter()
+                .filter(|m| m.address.len() <= MAX_HOST_ADDRESS)
+                .collect();
+            out.extend_from_slice(&(members.len() as u16).to_le_bytes());
+            for m in members {
+                out.push(m.address.len() as u8);
+                out.extend_from_slice(m.address.as_bytes());
+                out.extend_from_slice(&m.weight.to_le_bytes());
+                out.push(u8::from(m.healthy));
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader(bytes);
+        if r.take(3)? != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        let read_ms = r.u64()?;
+        let claimed_ms = r.u64()?;
+        let count = r.u32()?;
+        let mut clusters = BTreeMap::new();
+        for _ in 0..count {
+            let len = usize::from(r.u16()?);
+            let name = r.text(len)?;
+            let n = usize::from(r.u16()?);
+            if n > MAX_MEMBERS {
+                return Err(DecodeError::Corrupt("too many members"));
+            }
+            let mut members = Vec::with_capacity(n);
+            for _ in 0..n {
+                let len = usize::from(r.u8()?);
+                let address = r.text(len)?;
+                let weight = r.u32()?;
+                let healthy = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(DecodeError::Corrupt("health flag")),
+                };
+                members.push(Member {
+                    address,
+                    weight,
+                    healthy,
+                });
+            }
+            clusters.insert(name, members);
+        }
+        if !r.0.is_empty() {
+            return Err(DecodeError::Corrupt("trailing bytes"));
+        }
+        Ok(Membership {
+            read_ms,
+            claimed_ms,
+            clusters,
+        })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        self.take(N)?
+            .try_into()
+            .map_err(|_| DecodeError::Truncated)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn text(&mut self, len: usize) -> Result<String, DecodeError> {
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Corrupt("not UTF-8"))
+    }
+}
+
+/// The members of every cluster in the admin interface's `/clusters` text.
+/// Its host lines are `cluster::address::fact::value`; an IPv6 address
+/// holds `::` itself, so the fact and value are taken from the end. Other
+/// lines (the cluster's own facts, `cluster::fact::value`, or
+/// `cluster::default_priority::max_connections::1024`) name no weight or
+/// health and are skipped.
+pub fn parse_admin_clusters(text: &[u8]) -> BTreeMap<String, Vec<Member>> {
+    let mut clusters: BTreeMap<String, Vec<Member>> = BTreeMap::new();
+    let text = String::from_utf8_lossy(text);
+    for line in text.lines() {
+        let Some((cluster, rest)) = line.split_once("::") else {
+            continue;
+        };
+        let Some((head, value)) = rest.rsplit_once("::") else {
+            continue;
+        };
+        let Some((address, fact)) = head.rsplit_once("::") else {
+            continue;
+        };
+        if (fact != "weight" && fact != "health_flags")
+            || address.is_empty()
+            || address.len() > MAX_HOST_ADDRESS
+        {
+            continue;
+        }
+        let members = clusters.entry(cluster.to_string()).or_default();
+        // a host's lines come together: it is the last one, or a new one
+        let member = match members.last_mut() {
+            Some(last) if last.address == address => last,
+            _ => {
+                members.push(Member {
+                    address: address.to_string(),
+                    weight: 1,
+                    healthy: true,
+                });
+                let Some(last) = members.last_mut() else {
+                    continue;
+                };
+                last
+            }
+        };
+        if fact == "weight" {
+            member.weight = value.trim().parse::<u32>().unwrap_or(1).clamp(1, MAX_WEIGHT);
+        } else {
+            member.healthy = value.trim() == "healthy";
+        }
+    }
+    clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
+    for members in clusters.values_mut() {
+        members.sort_by(|a, b| a.address.cmp(&b.address));
+        // a host listed twice (two priorities) is healthy only if both say so
+        members.dedup_by(|later, kept| {
+            let same = later.address == kept.address;
+            if same {
+                kept.healthy &= later.healthy;
+            }
+            same
+        });
+    }
+    clusters
+}
+
+/// The admin request's path for `clusters`: `/clusters` with a filter that
+/// matches exactly those names (regular-expression metacharacters escaped,
+/// then percent-encoded), or the whole `/clusters` when the filter would be
+/// longer than `MAX_FILTER_BYTES`. `None` without a cluster to read.
+pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut regex = String::from("^(?:");
+    let mut any = false;
+    for name in clusters {
+        if any {
+            regex.push('|');
+        }
+        any = true;
+        for c in name.chars() {
+            if !(c.is_ascii_alphanumeric() || c == '_') {
+                regex.push('\\');
+            }
+            regex.push(c);
+        }
+    }
+    if !any {
+        return None;
+    }
+    regex.push_str(")$");
+    let mut path = String::from("/clusters?filter=");
+    for b in regex.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            path.push(char::from(b));
+        } else {
+            path.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Some(if path.len() > MAX_FILTER_BYTES {
+        "/clusters".to_string()
+    } else {
+        path
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What Envoy 1.40's `/clusters` printed for a cluster with active
+    /// health checks (trimmed: each host's counters, one IPv6 host).
+    const ADMIN_TEXT: &str = "\
+outbound|80||svc.ns::observability_name::outbound|80||svc.ns
+outbound|80||svc.ns::default_priority::max_connections::1024
+outbound|80||svc.ns::added_via_api::false
+outbound|80||svc.ns::127.0.0.1:19931::cx_active::0
+outbound|80||svc.ns::127.0.0.1:19931::hostname::
+outbound|80||svc.ns::127.0.0.1:19931::health_flags::/failed_active_hc
+outbound|80||svc.ns::127.0.0.1:19931::weight::3
+outbound|80||svc.ns::127.0.0.1:19931::zone::
+outbound|80||svc.ns::127.0.0.1:19931::success_rate::-1
+outbound|80||svc.ns::127.0.0.1:19932::rq_total::0
+outbound|80||svc.ns::127.0.0.1:19932::health_flags::healthy
+outbound|80||svc.ns::127.0.0.1:19932::weight::1
+outbound|80||svc.ns::[::1]:19933::cx_active::0
+outbound|80||svc.ns::[::1]:19933::health_flags::/failed_outlier_check
+outbound|80||svc.ns::[::1]:19933::weight::1
+other::10.0.0.1:80::health_flags::healthy
+other::10.0.0.1:80::weight::7
+";
+
+    #[test]
+    fn the_admin_text_gives_each_host_its_weight_and_health() {
+        let clusters = parse_admin_clusters(ADMIN_TEXT.as_bytes());
+        let member = |a: &str, w: u32, h: bool| Member {
+            address: a.into(),
+            weight: w,
+            healthy: h,
+        };
+        assert_eq!(
+            clusters.get("outbound|80||svc.ns"),
+            Some(&vec![
+                member("127.0.0.1:19931", 3, false),
+                member("127.0.0.1:19932", 1, true),
+                member("[::1]:19933", 1, false),
+            ])
+        );
+        assert_eq!(
+            clusters.get("other"),
+            Some(&vec![member("10.0.0.1:80", 7, true)])
+        );
+        assert_eq!(clusters.len(), 2);
+    }
+
+    #[test]
+    fn odd_lines_and_numbers_are_survived() {
+        let text = "c\nc::\nc::a::weight::\nc::a::weight::x\nc::b::weight::100000\n::::::\n\u{0}::\u{ff}";
+        let clusters = parse_admin_clusters(text.as_bytes());
+        let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].weight, c[1].weight), (1, MAX_WEIGHT));
+        // a host in two priorities: unhealthy in either is unhealthy
+        let text = "c::a::health_flags::healthy\nc::b::weight::1\nc::a::health_flags::/failed_active_hc\n";
+        let clusters = parse_admin_clusters(text.as_bytes());
+        let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(c.len(), 2);
+        assert!(!c[0].healthy && c[1].healthy);
+        // too many hosts: the cluster is left out
+        let many: String = (0..=MAX_MEMBERS)
+            .map(|i| format!("big::10.0.{}.{}:80::weight::1\n", i / 256, i % 256))
+            .collect();
+        assert!(parse_admin_clusters(many.as_bytes()).is_empty());
+    }
+
+    #[test]
+    fn the_shared_value_round_trips_and_refuses_damage() {
+        let value = Membership {
+            read_ms: 5,
+            claimed_ms: 7,
+            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes()),
+        };
+        let bytes = value.encode();
+        assert_eq!(Membership::decode(&bytes), Ok(value));
+        for cut in 0..bytes.len() {
+            assert!(Membership::decode(&bytes[..cut]).is_err(), "{cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Membership::decode(&longer).is_err());
+        assert_eq!(Membership::decode(b"AHC\x01"), Err(DecodeError::BadMagic));
+        assert_eq!(
+            Membership::decode(b"AHM\x09"),
+            Err(DecodeError::UnsupportedVersion(9))
+        );
+    }
+
+    #[test]
+    fn a_read_is_trusted_while_recent_and_claimed_once_a_period() {
+        let mut m = Membership {
+            read_ms: 10_000,
+            claimed_ms: 10_000,
+            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes()),
+        };
+        assert!(m.members("other", 10_000 + 3 * 5_000, 5_000).is_some());
+        assert!(m.members("other", 10_001 + 3 * 5_000, 5_000).is_none());
+        assert!(m.members("unknown", 10_000, 5_000).is_none());
+        assert!(!m.due(14_999, 5_000));
+        assert!(m.due(15_000, 5_000));
+        m.read_ms = 0;
+        assert!(m.members("other", 10_000, 5_000).is_none());
+        assert!(Membership::default().due(0, 5_000));
+    }
+
+    #[test]
+    fn the_admin_path_matches_exactly_the_names_asked() {
+        assert_eq!(admin_path([]), None);
+        assert_eq!(
+            admin_path(["outbound|80||a.ns", "b"]).as_deref(),
+            Some("/clusters?filter=%5E%28%3F%3Aoutbound%5C%7C80%5C%7C%5C%7Ca%5C.ns%7Cb%29%24")
+        );
+        let many: Vec<String> = (0..1000).map(|i| format!("cluster-{i}")).collect();
+        assert_eq!(
+            admin_path(many.iter().map(String::as_str)).as_deref(),
+            Some("/clusters")
+        );
+    }
+}
