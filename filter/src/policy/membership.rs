@@ -81,10 +81,9 @@ impl Membership {
         out.push(VERSION);
         out.extend_from_slice(&self.read_ms.to_le_bytes());
         out.extend_from_slice(&self.claimed_ms.to_le_bytes());
-        let clusters = self
-            .clusters
-            .iter()
-            .filter(|(name, members)| name.len() <= usize::from(u16::MAX) && members.len() <= MAX_MEMBERS);
+        let clusters = self.clusters.iter().filter(|(name, members)| {
+            name.len() <= usize::from(u16::MAX) && members.len() <= MAX_MEMBERS
+        });
         out.extend_from_slice(&(clusters.clone().count() as u32).to_le_bytes());
         for (name, members) in clusters {
             out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -165,9 +164,7 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
     fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        self.take(N)?
-            .try_into()
-            .map_err(|_| DecodeError::Truncated)
+        self.take(N)?.try_into().map_err(|_| DecodeError::Truncated)
     }
     fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>()?[0])
@@ -229,7 +226,11 @@ pub fn parse_admin_clusters(text: &[u8]) -> BTreeMap<String, Vec<Member>> {
             }
         };
         if fact == "weight" {
-            member.weight = value.trim().parse::<u32>().unwrap_or(1).clamp(1, MAX_WEIGHT);
+            member.weight = value
+                .trim()
+                .parse::<u32>()
+                .unwrap_or(1)
+                .clamp(1, MAX_WEIGHT);
         } else {
             member.healthy = value.trim() == "healthy";
         }
@@ -338,13 +339,15 @@ other::10.0.0.1:80::weight::7
 
     #[test]
     fn odd_lines_and_numbers_are_survived() {
-        let text = "c\nc::\nc::a::weight::\nc::a::weight::x\nc::b::weight::100000\n::::::\n\u{0}::\u{ff}";
+        let text =
+            "c\nc::\nc::a::weight::\nc::a::weight::x\nc::b::weight::100000\n::::::\n\u{0}::\u{ff}";
         let clusters = parse_admin_clusters(text.as_bytes());
         let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].weight, c[1].weight), (1, MAX_WEIGHT));
         // a host in two priorities: unhealthy in either is unhealthy
-        let text = "c::a::health_flags::healthy\nc::b::weight::1\nc::a::health_flags::/failed_active_hc\n";
+        let text =
+            "c::a::health_flags::healthy\nc::b::weight::1\nc::a::health_flags::/failed_active_hc\n";
         let clusters = parse_admin_clusters(text.as_bytes());
         let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
         assert_eq!(c.len(), 2);

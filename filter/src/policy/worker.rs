@@ -24,8 +24,8 @@ use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::membership::{admin_path, parse_admin_clusters, Membership};
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
-    cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore, StoreError,
-    CREATE_ONLY, MAX_CLUSTER_NAME,
+    cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore,
+    StoreError, CREATE_ONLY, MAX_CLUSTER_NAME,
 };
 use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
@@ -2547,7 +2547,9 @@ c::h2::weight::1
             other.admin_read_done(T0 + 5_100, Err("it answered 404".into()), &store, &mut log);
         }
         assert_eq!(log.0.len(), 1, "{:?}", log.0);
-        assert!(log.0[0].contains("cannot read Envoy's admin interface through cluster \"admin\": it answered 404"));
+        assert!(log.0[0].contains(
+            "cannot read Envoy's admin interface through cluster \"admin\": it answered 404"
+        ));
     }
 
     #[test]

@@ -244,7 +244,10 @@ impl Host for FakeHost {
     fn http_call_response_body(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.call("http_call_response_body", "")?;
         let s = self.state();
-        let body = s.call_response_body.get(..size).unwrap_or(&s.call_response_body);
+        let body = s
+            .call_response_body
+            .get(..size)
+            .unwrap_or(&s.call_response_body);
         Ok((!body.is_empty()).then(|| body.to_vec()))
     }
 

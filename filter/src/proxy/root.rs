@@ -134,7 +134,10 @@ impl<H: Host> Plugin<H> {
                         Ok(token) => self.admin_read = Some(token),
                         Err(status) => worker.admin_read_done(
                             now_ms,
-                            Err(format!("dispatch_http_call failed (status {}: no such cluster?)", status.0)),
+                            Err(format!(
+                                "dispatch_http_call failed (status {}: no such cluster?)",
+                                status.0
+                            )),
                             &self.host,
                             &mut host,
                         ),
@@ -171,10 +174,7 @@ impl<H: Host> Plugin<H> {
                 .http_call_response_body(body_size)
                 .map(Option::unwrap_or_default)
                 .map_err(|s| format!("cannot read the answer's body (status {})", s.0)),
-            Ok(Some(status)) => Err(format!(
-                "it answered {}",
-                String::from_utf8_lossy(&status)
-            )),
+            Ok(Some(status)) => Err(format!("it answered {}", String::from_utf8_lossy(&status))),
             Ok(None) => Err("no answer (timed out, or the connection failed)".to_string()),
             Err(s) => Err(format!("cannot read the answer (status {})", s.0)),
         };
@@ -208,8 +208,8 @@ impl<H: Host> Plugin<H> {
 mod tests {
     use super::*;
     use crate::headers::MAX_RETRIES;
-    use crate::proxy::fake::{plugin, FakeHost};
     use crate::policy::shared_state::SharedStore;
+    use crate::proxy::fake::{plugin, FakeHost};
     use crate::proxy::host::{Action, StreamCallbacks};
 
     fn configure(json: &str) -> (FakeHost, bool) {
@@ -289,7 +289,8 @@ mod tests {
 
     #[test]
     fn the_admin_interface_is_read_on_the_tick_and_its_answer_shared() {
-        let (host, mut plugin) = plugin(r#"{"admin_cluster": "envoy_admin", "admin_refresh": "2s"}"#);
+        let (host, mut plugin) =
+            plugin(r#"{"admin_cluster": "envoy_admin", "admin_refresh": "2s"}"#);
         tracked_backend(&host, &plugin);
         plugin.on_tick();
         let dispatched = host.state().dispatched.clone();
@@ -332,7 +333,10 @@ mod tests {
         host.advance_ms(2_000);
         plugin.on_tick();
         plugin.on_tick();
-        assert_eq!(host.stat("adaptive_hedge.admin_read_failures_total"), Some(2));
+        assert_eq!(
+            host.stat("adaptive_hedge.admin_read_failures_total"),
+            Some(2)
+        );
         assert_eq!(host.stat("adaptive_hedge.admin_reads_total"), Some(1));
     }
 

@@ -324,6 +324,142 @@ fn a_failing_host_is_left_within_2_s_and_back_within_10_s() {
     envoy.assert_no_vm_failure();
 }
 
+/// With `admin_cluster`, what Envoy knows of its hosts: four hosts, the
+/// first of weight 3, the fourth health-checked on a fifth port (the
+/// simulator's last host) that turns to 503 while the fourth itself
+/// answers as well as ever. Before: the heavy host gets the most (about
+/// half, as weighted round robin gives it), the others about a sixth each.
+/// After Envoy marks the fourth unhealthy, the filter never names it
+/// (Envoy's own balancer, which gets the 1% exploration share, does not
+/// pick it either), where before it kept being chosen: override picks
+/// ignore health.
+#[test]
+fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
+    let m = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m.clone(), m]).unwrap();
+    let ports = sim.ports().to_vec();
+    let endpoint = |p: u16| {
+        format!("- endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}")
+    };
+    let envoy = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", &ports[..4])
+            .plugin_config(
+                r#"{"debug_header": true, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#,
+            )
+            .four_backend_hosts()
+            .edit(
+                &endpoint(ports[0]),
+                &format!("{}
+                load_balancing_weight: 3", endpoint(ports[0])),
+            )
+            .edit(
+                &endpoint(ports[3]),
+                &format!("- endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {} }} }}, health_check_config: {{ port_value: {} }} }}", ports[3], ports[4]),
+            )
+            .edit(
+                "    - name: backend\n      type: STATIC\n",
+                "    - name: backend\n      type: STATIC\n      health_checks:\n        - timeout: 1s\n          interval: 0.3s\n          no_traffic_interval: 0.3s\n          unhealthy_threshold: 1\n          healthy_threshold: 1\n          http_health_check: { path: /healthz }\n",
+            ),
+    )
+    .unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    let gauge = |s: &std::collections::HashMap<String, i64>, name: &str| {
+        s.get(&filter_stat_name(name, "backend")).copied()
+    };
+    runtime().block_on(async {
+        common::warm_up(&client, &envoy, "/", 600, 4).await;
+        // hosts are learned from the responses (each worker exploring on
+        // its own): keep traffic flowing until all four are tracked
+        for _ in 0..10 {
+            if gauge(&envoy.stats(), "hosts_tracked") == Some(4) {
+                break;
+            }
+            common::warm_up(&client, &envoy, "/", 200, 4).await;
+        }
+        envoy.wait_for_stats("four hosts tracked, the admin interface read", |s| {
+            gauge(s, "hosts_tracked") == Some(4)
+                && s.get("wasmcustom.adaptive_hedge.admin_reads_total")
+                    .is_some_and(|n| *n > 0)
+        });
+        let before = sim.counts();
+        let run = load::closed_loop(&client, &url, 4, 2000, Duration::from_secs(5)).await;
+        assert_eq!(run.ok(), 2000, "{}", run.summary());
+        let after = sim.counts();
+        let shares: Vec<f64> = (0..4)
+            .map(|i| share_between(&before[..4], &after[..4], i).0)
+            .collect();
+        eprintln!("shares with weights 3,1,1,1: {shares:.3?}");
+        // equal hosts without weights: a quarter each (one that happens to
+        // look cheapest can reach a third); with them, the heavy host is in
+        // half the draws and wins them (weighted round robin: also half)
+        assert!(
+            shares[0] >= 0.35 && shares[1..].iter().all(|s| *s < shares[0]) && shares[3] >= 0.08,
+            "weights 3,1,1,1 gave {shares:.3?}; {}",
+            envoy.filter_stats("backend")
+        );
+        // the fourth host's health check fails; the host itself is fine
+        sim.set_status(4, Some(503));
+        let failing_since = Instant::now();
+        let mut rounds = 0;
+        while gauge(&envoy.stats(), "hosts_held_out") != Some(1) {
+            rounds += 1;
+            assert!(
+                rounds <= 50,
+                "not held out {:?} after its health check failed: {:?} {:?}; {}",
+                failing_since.elapsed(),
+                sim.counts(),
+                envoy
+                    .stats()
+                    .iter()
+                    .filter(|(k, _)| k.contains("health_check"))
+                    .collect::<Vec<_>>(),
+                envoy.filter_stats("backend")
+            );
+            let r = load::closed_loop(&client, &url, 4, 100, Duration::from_secs(5)).await;
+            assert_eq!(r.ok(), 100, "{}", r.summary());
+        }
+        eprintln!(
+            "held out {:?} after its health check failed",
+            failing_since.elapsed()
+        );
+        // the gauge is the last worker's to tick; every worker looks at the
+        // admin interface's read once a second: give the others that long
+        let held_out_at = Instant::now();
+        while held_out_at.elapsed() < Duration::from_millis(1500) {
+            let r = load::closed_loop(&client, &url, 4, 100, Duration::from_secs(5)).await;
+            assert_eq!(r.ok(), 100, "{}", r.summary());
+        }
+        let before = sim.counts();
+        let run = load::closed_loop(&client, &url, 4, 2000, Duration::from_secs(5)).await;
+        assert_eq!(run.ok(), 2000, "{}", run.summary());
+        let (share, total) = share_between(&before[..4], &sim.counts()[..4], 3);
+        eprintln!("unhealthy host: {:.2}% of {total}", 100.0 * share);
+        assert!(
+            share <= 0.01,
+            "the unhealthy host got {:.2}% of {total}: {:?}; {}",
+            100.0 * share,
+            sim.counts(),
+            envoy.filter_stats("backend")
+        );
+    });
+    let (_, clusters) = envoy.admin("/clusters").unwrap();
+    assert!(
+        clusters.contains(&format!(
+            "backend::127.0.0.1:{}::health_flags::/failed_active_hc",
+            ports[3]
+        )),
+        "Envoy does not call the fourth host unhealthy: {clusters}"
+    );
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.adaptive_hedge.admin_read_failures_total")
+            .unwrap_or(0),
+        0
+    );
+    envoy.assert_no_vm_failure();
+}
+
 /// The backend cluster from an EDS file in `dir` listing `ports`, written
 /// the way Envoy's file watch sees it: a new file moved into place.
 fn write_eds(dir: &Path, ports: &[u16]) {
