@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::Request;
+use adaptive_hedge::policy::membership::{parse_admin_clusters, Membership};
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
-    cluster_key, registry_key, Registry, SharedCluster, SharedStore,
+    cluster_key, membership_key, registry_key, Registry, SharedCluster, SharedStore,
 };
 use adaptive_hedge::policy::window::WindowGeometry;
 use adaptive_hedge::policy::worker::Worker;
@@ -33,9 +34,22 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(registry) = Registry::decode(data) {
         assert_eq!(Registry::decode(&registry.encode()).ok(), Some(registry));
     }
+    if let Ok(membership) = Membership::decode(data) {
+        let bytes = membership.encode();
+        assert_eq!(Membership::decode(&bytes).ok(), Some(membership));
+    }
+    // the admin interface's text (from Envoy, but parsed all the same)
+    let read = Membership {
+        read_ms: 1,
+        claimed_ms: 1,
+        clusters: parse_admin_clusters(data),
+    };
+    assert_eq!(Membership::decode(&read.encode()).ok(), Some(read));
 
     // A worker meets the bytes under its keys.
-    let Ok(config) = Config::parse(br#"{"min_samples": 1, "max_routes": 2}"#) else {
+    let Ok(config) =
+        Config::parse(br#"{"min_samples": 1, "max_routes": 2, "admin_cluster": "admin"}"#)
+    else {
         return;
     };
     let mut worker = Worker::new(Arc::new(config));
@@ -43,6 +57,7 @@ fuzz_target!(|data: &[u8]| {
     let split = data.len() / 2;
     let _ = store.set(&registry_key(geometry), &data[..split], 0);
     let _ = store.set(&cluster_key(geometry, "backend"), &data[split..], 0);
+    let _ = store.set(&membership_key(geometry), data, 0);
     for i in 0..3u64 {
         let get = Request {
             method: b"GET",
@@ -56,6 +71,18 @@ fuzz_target!(|data: &[u8]| {
             worker.settle(settlement, Some(1), None, None);
         }
         worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
+        if worker
+            .claim_admin_read(1_700_000_000_000 + i * 200, &store)
+            .is_some()
+        {
+            worker.admin_read_done(1_700_000_000_100 + i * 200, Ok(data), &store, &mut Quiet);
+        }
+    }
+    if let Ok(Some((bytes, _))) = store.get(&membership_key(geometry)) {
+        assert!(
+            data == bytes.as_slice() || Membership::decode(&bytes).is_ok(),
+            "the worker left a membership that does not decode"
+        );
     }
     if let Ok(Some((bytes, _))) = store.get(&cluster_key(geometry, "backend")) {
         assert!(

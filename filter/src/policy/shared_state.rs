@@ -783,6 +783,17 @@ mod tests {
                 }
                 .encode(),
             ),
+            (
+                "membership.bin",
+                super::super::membership::Membership {
+                    read_ms: 1_700_000_000_000,
+                    claimed_ms: 1_700_000_000_000,
+                    clusters: super::super::membership::parse_admin_clusters(
+                        b"backend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.1:80::weight::3\nbackend::[::1]:80::health_flags::/failed_active_hc\n",
+                    ),
+                }
+                .encode(),
+            ),
         ];
         for (name, bytes) in seeds {
             let path = dir.join(name);
