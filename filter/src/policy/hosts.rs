@@ -575,8 +575,12 @@ impl Hosts {
 
     /// The admin interface's weights and health on the hosts known here
     /// (`members` sorted by address); without it, every host weighs 1 and
-    /// none is held out. Returns the hosts held out.
+    /// none is held out. Nor is any while fewer than half the members are
+    /// healthy: Envoy's own balancer then spreads the load over all of
+    /// them (its panic threshold, at its default of 50%) rather than crush
+    /// the few left. Returns the hosts held out.
     fn weigh(&mut self, members: Option<&[Member]>) -> usize {
+        let panic = members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len());
         let mut held_out = 0;
         for h in self.hosts.iter_mut().filter(|h| !h.gone) {
             let member = members.map(|m| {
@@ -586,8 +590,9 @@ impl Hosts {
             });
             (h.weight, h.held_out) = match member {
                 None => (1.0, false),
+                // not in the cluster (any more)
                 Some(None) => (1.0, true),
-                Some(Some(m)) => (f64::from(m.weight.max(1)), !m.healthy),
+                Some(Some(m)) => (f64::from(m.weight.max(1)), !m.healthy && !panic),
             };
             held_out += usize::from(h.held_out);
         }
@@ -1169,6 +1174,71 @@ mod tests {
             );
         }
         assert!(check.ignored());
+    }
+
+    #[test]
+    fn envoy_s_word_holds_hosts_out_and_weighs_them_short_of_its_panic_threshold() {
+        let (mut hosts, shared) = measured_with(&[2000.0, 2000.0, 2000.0, 2000.0]);
+        let address = |i: usize| format!("10.0.0.{i}:80");
+        let member = |i: usize, weight: u32, healthy: bool| Member {
+            address: address(i),
+            weight,
+            healthy,
+        };
+        // host 1 unhealthy, host 3 gone from the cluster, host 0 of weight 4
+        let said = [member(0, 4, true), member(1, 1, false), member(2, 1, true)];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 2);
+        let picks: Vec<HostPick> = (0..200u64)
+            .filter_map(|r| hosts.choose(2, mix(r), true))
+            .collect();
+        assert!(picks.len() > 150);
+        assert!(picks.iter().all(|p| p.primary == 0 || p.primary == 2));
+        assert!(picks
+            .iter()
+            .all(|p| p.hedge != Some(1) && p.hedge != Some(3)));
+        // with two eligible hosts both are drawn: the heavier one wins
+        assert!(picks.iter().all(|p| p.primary == 0), "{picks:?}");
+        // fewer than half healthy: Envoy's balancer spreads over all, so
+        // the filter holds none out
+        let said = [
+            member(0, 1, false),
+            member(1, 1, false),
+            member(2, 1, false),
+            member(3, 1, true),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 0);
+        // half healthy is not panic
+        let said = [
+            member(0, 1, false),
+            member(1, 1, false),
+            member(2, 1, true),
+            member(3, 1, true),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 2);
+        // an IPv6 host is found by its address as Envoy writes it
+        let mut v6 = Hosts::default();
+        for a in ["[::1]:80", "[fe80::2]:80"] {
+            let id = v6.find_or_add(a.as_bytes()).unwrap();
+            for _ in 0..10 {
+                v6.observe(id, 1000.0);
+            }
+        }
+        let mut shared = Vec::new();
+        v6.merge_into(&mut shared, T0);
+        let said = [
+            Member {
+                address: "[::1]:80".into(),
+                weight: 1,
+                healthy: true,
+            },
+            Member {
+                address: "[fe80::2]:80".into(),
+                weight: 1,
+                healthy: false,
+            },
+        ];
+        assert_eq!(v6.refresh(&shared, Some(&said)).held_out, 1);
+        assert!(v6.get(1).is_some_and(|h| h.held_out));
     }
 
     #[test]

@@ -27,14 +27,32 @@ const VERSION: u8 = 1;
 /// are chosen as without it): the value stays bounded.
 pub const MAX_MEMBERS: usize = 1024;
 /// The names of the clusters to read go into the admin request as a
-/// regular expression (`/clusters?filter=`); past this length the whole
-/// `/clusters` is read instead.
-pub const MAX_FILTER_BYTES: usize = 8 * 1024;
-/// Reads older than this many refresh periods are not trusted.
+/// regular expression (`/clusters?filter=`); past this length (the admin
+/// listener takes request headers up to 60 KiB) the whole `/clusters` is
+/// read instead, and the clusters not asked for are dropped from it.
+pub const MAX_FILTER_BYTES: usize = 32 * 1024;
+/// The shared value holds at most this much (clusters past it, in name
+/// order, are left out: their hosts are chosen as without a read).
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// Reads older than this many periods (`admin_refresh`, or the tick if
+/// longer) are not trusted.
 pub const STALE_READS: u64 = 3;
-/// Weights Envoy accepts are 1 to 128 (`load_balancing_weight`); anything
-/// else read is clamped into that range.
-const MAX_WEIGHT: u32 = 128;
+/// A time this far ahead of the clock is the clock's step back, not a
+/// claim or a read to trust (ms).
+const CLOCK_SLACK_MS: u64 = 1_000;
+/// Health flags with which Envoy's own balancer sends a host nothing (as
+/// `/clusters` writes them). Not among them: `degraded_*` (used when
+/// healthy hosts are scarce), `active_hc_timeout` (a check timed out, the
+/// host not yet unhealthy), `pending_dynamic_removal` (removed, but served
+/// until its checks fail).
+const EXCLUDING_FLAGS: &[&str] = &[
+    "failed_active_hc",
+    "failed_outlier_check",
+    "failed_eds_health",
+    "eds_status_draining",
+    "pending_active_hc",
+    "excluded_via_immediate_hc_fail",
+];
 
 /// One host of a cluster, as the admin interface lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,8 +60,8 @@ pub struct Member {
     /// As Envoy writes it, the same string as `upstream.address`.
     pub address: String,
     pub weight: u32,
-    /// Envoy's health flags say `healthy` (no failed active or EDS health
-    /// check, no outlier ejection, not pending removal).
+    /// None of Envoy's health flags keeps its balancer off the host
+    /// (`EXCLUDING_FLAGS`).
     pub healthy: bool,
 }
 
@@ -63,13 +81,17 @@ impl Membership {
     /// worker whose read failed, or whose VM went, leaves it to the next
     /// period's claim).
     pub fn due(&self, now_ms: u64, refresh_ms: u64) -> bool {
-        self.claimed_ms == 0 || now_ms.saturating_sub(self.claimed_ms) >= refresh_ms
+        self.claimed_ms == 0
+            || self.claimed_ms > now_ms.saturating_add(CLOCK_SLACK_MS)
+            || now_ms.saturating_sub(self.claimed_ms) >= refresh_ms
     }
 
-    /// `cluster`'s members, if the last read is recent and listed it.
-    pub fn members(&self, cluster: &str, now_ms: u64, refresh_ms: u64) -> Option<&[Member]> {
+    /// `cluster`'s members, if the last read is recent (within
+    /// `STALE_READS` x `period_ms`) and listed it.
+    pub fn members(&self, cluster: &str, now_ms: u64, period_ms: u64) -> Option<&[Member]> {
         let fresh = self.read_ms > 0
-            && now_ms.saturating_sub(self.read_ms) <= STALE_READS.saturating_mul(refresh_ms);
+            && self.read_ms <= now_ms.saturating_add(CLOCK_SLACK_MS)
+            && now_ms.saturating_sub(self.read_ms) <= STALE_READS.saturating_mul(period_ms);
         fresh
             .then(|| self.clusters.get(cluster).map(Vec::as_slice))
             .flatten()
@@ -126,6 +148,9 @@ impl Membership {
             let mut members = Vec::with_capacity(n);
             for _ in 0..n {
                 let len = usize::from(r.u8()?);
+                if len > MAX_HOST_ADDRESS {
+                    return Err(DecodeError::Corrupt("address too long"));
+                }
                 let address = r.text(len)?;
                 let weight = r.u32()?;
                 let healthy = match r.u8()? {
@@ -184,19 +209,26 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The members of every cluster in the admin interface's `/clusters` text.
-/// Its host lines are `cluster::address::fact::value`; an IPv6 address
-/// holds `::` itself, so the fact and value are taken from the end. Other
-/// lines (the cluster's own facts, `cluster::fact::value`, or
+/// The members of the `wanted` clusters in the admin interface's
+/// `/clusters` text, at most `MAX_VALUE_BYTES` of them encoded. Its host
+/// lines are `cluster::address::fact::value`; an IPv6 address holds `::`
+/// itself, so the fact and value are taken from the end. Other lines (the
+/// cluster's own facts, `cluster::fact::value`, or
 /// `cluster::default_priority::max_connections::1024`) name no weight or
 /// health and are skipped.
-pub fn parse_admin_clusters(text: &[u8]) -> BTreeMap<String, Vec<Member>> {
+pub fn parse_admin_clusters(
+    text: &[u8],
+    wanted: impl Fn(&str) -> bool,
+) -> BTreeMap<String, Vec<Member>> {
     let mut clusters: BTreeMap<String, Vec<Member>> = BTreeMap::new();
     let text = String::from_utf8_lossy(text);
     for line in text.lines() {
         let Some((cluster, rest)) = line.split_once("::") else {
             continue;
         };
+        if !wanted(cluster) {
+            continue;
+        }
         let Some((head, value)) = rest.rsplit_once("::") else {
             continue;
         };
@@ -226,16 +258,21 @@ pub fn parse_admin_clusters(text: &[u8]) -> BTreeMap<String, Vec<Member>> {
             }
         };
         if fact == "weight" {
-            member.weight = value
-                .trim()
-                .parse::<u32>()
-                .unwrap_or(1)
-                .clamp(1, MAX_WEIGHT);
+            // any uint32 from 1 (v3 `load_balancing_weight`)
+            member.weight = value.trim().parse::<u32>().unwrap_or(1).max(1);
         } else {
-            member.healthy = value.trim() == "healthy";
+            member.healthy = !value
+                .split('/')
+                .any(|flag| EXCLUDING_FLAGS.contains(&flag.trim()));
         }
     }
     clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
+    let mut bytes = 0usize;
+    clusters.retain(|name, members| {
+        let size = 4 + name.len() + members.iter().map(|m| 6 + m.address.len()).sum::<usize>();
+        bytes = bytes.saturating_add(size);
+        bytes <= MAX_VALUE_BYTES
+    });
     for members in clusters.values_mut() {
         members.sort_by(|a, b| a.address.cmp(&b.address));
         // a host listed twice (two priorities) is healthy only if both say so
@@ -263,7 +300,8 @@ pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<Str
         }
         any = true;
         for c in name.chars() {
-            if !(c.is_ascii_alphanumeric() || c == '_') {
+            // RE2 takes a backslash before ASCII punctuation only
+            if c.is_ascii() && !(c.is_ascii_alphanumeric() || c == '_') {
                 regex.push('\\');
             }
             regex.push(c);
@@ -316,7 +354,7 @@ other::10.0.0.1:80::weight::7
 
     #[test]
     fn the_admin_text_gives_each_host_its_weight_and_health() {
-        let clusters = parse_admin_clusters(ADMIN_TEXT.as_bytes());
+        let clusters = parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true);
         let member = |a: &str, w: u32, h: bool| Member {
             address: a.into(),
             weight: w,
@@ -341,14 +379,31 @@ other::10.0.0.1:80::weight::7
     fn odd_lines_and_numbers_are_survived() {
         let text =
             "c\nc::\nc::a::weight::\nc::a::weight::x\nc::b::weight::100000\n::::::\n\u{0}::\u{ff}";
-        let clusters = parse_admin_clusters(text.as_bytes());
+        let clusters = parse_admin_clusters(text.as_bytes(), |_| true);
         let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
         assert_eq!(c.len(), 2);
-        assert_eq!((c[0].weight, c[1].weight), (1, MAX_WEIGHT));
+        assert_eq!((c[0].weight, c[1].weight), (1, 100_000));
+        // only the clusters asked for
+        let only = parse_admin_clusters(ADMIN_TEXT.as_bytes(), |c| c == "other");
+        assert_eq!(only.keys().collect::<Vec<_>>(), ["other"]);
+        // flags that keep Envoy's balancer off a host, and those that do not
+        for (flags, healthy) in [
+            ("healthy", true),
+            ("/failed_active_hc", false),
+            ("/degraded_active_hc", true),
+            ("/active_hc_timeout", true),
+            ("/pending_dynamic_removal", true),
+            ("/degraded_eds_health/failed_outlier_check", false),
+            ("/eds_status_draining", false),
+        ] {
+            let line = format!("c::a::health_flags::{flags}\n");
+            let c = parse_admin_clusters(line.as_bytes(), |_| true);
+            assert_eq!(c["c"][0].healthy, healthy, "{flags}");
+        }
         // a host in two priorities: unhealthy in either is unhealthy
         let text =
             "c::a::health_flags::healthy\nc::b::weight::1\nc::a::health_flags::/failed_active_hc\n";
-        let clusters = parse_admin_clusters(text.as_bytes());
+        let clusters = parse_admin_clusters(text.as_bytes(), |_| true);
         let c = clusters.get("c").map(Vec::as_slice).unwrap_or_default();
         assert_eq!(c.len(), 2);
         assert!(!c[0].healthy && c[1].healthy);
@@ -356,7 +411,21 @@ other::10.0.0.1:80::weight::7
         let many: String = (0..=MAX_MEMBERS)
             .map(|i| format!("big::10.0.{}.{}:80::weight::1\n", i / 256, i % 256))
             .collect();
-        assert!(parse_admin_clusters(many.as_bytes()).is_empty());
+        assert!(parse_admin_clusters(many.as_bytes(), |_| true).is_empty());
+        // many clusters: the value stays under its cap
+        let clusters: String = (0..2_000)
+            .flat_map(|c| {
+                (0..30)
+                    .map(move |h| format!("cluster-{c:04}::10.1.{}.{h}:8080::weight::1\n", c % 250))
+            })
+            .collect();
+        let value = Membership {
+            read_ms: 1,
+            claimed_ms: 1,
+            clusters: parse_admin_clusters(clusters.as_bytes(), |_| true),
+        };
+        assert!(value.clusters.len() > 1_000 && value.clusters.len() < 2_000);
+        assert!(value.encode().len() <= MAX_VALUE_BYTES);
     }
 
     #[test]
@@ -364,7 +433,7 @@ other::10.0.0.1:80::weight::7
         let value = Membership {
             read_ms: 5,
             claimed_ms: 7,
-            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes()),
+            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true),
         };
         let bytes = value.encode();
         assert_eq!(Membership::decode(&bytes), Ok(value));
@@ -379,6 +448,18 @@ other::10.0.0.1:80::weight::7
             Membership::decode(b"AHM\x09"),
             Err(DecodeError::UnsupportedVersion(9))
         );
+        // an address longer than any the filter tracks does not decode
+        // (encoding would drop it: the round trip must hold)
+        let mut long = b"AHM\x01".to_vec();
+        long.extend_from_slice(&[0; 16]);
+        long.extend_from_slice(&1u32.to_le_bytes());
+        long.extend_from_slice(&[1, 0, b'c', 1, 0, 200]);
+        long.extend_from_slice(&[b'a'; 200]);
+        long.extend_from_slice(&[1, 0, 0, 0, 1]);
+        assert_eq!(
+            Membership::decode(&long),
+            Err(DecodeError::Corrupt("address too long"))
+        );
     }
 
     #[test]
@@ -386,13 +467,18 @@ other::10.0.0.1:80::weight::7
         let mut m = Membership {
             read_ms: 10_000,
             claimed_ms: 10_000,
-            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes()),
+            clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true),
         };
         assert!(m.members("other", 10_000 + 3 * 5_000, 5_000).is_some());
         assert!(m.members("other", 10_001 + 3 * 5_000, 5_000).is_none());
         assert!(m.members("unknown", 10_000, 5_000).is_none());
         assert!(!m.due(14_999, 5_000));
         assert!(m.due(15_000, 5_000));
+        // the clock stepped back: a claim in the future is due, a read
+        // from the future not trusted
+        assert!(m.due(8_000, 5_000));
+        assert!(m.members("other", 8_000, 5_000).is_none());
+        assert!(m.members("other", 9_500, 5_000).is_some());
         m.read_ms = 0;
         assert!(m.members("other", 10_000, 5_000).is_none());
         assert!(Membership::default().due(0, 5_000));
@@ -405,7 +491,12 @@ other::10.0.0.1:80::weight::7
             admin_path(["outbound|80||a.ns", "b"]).as_deref(),
             Some("/clusters?filter=%5E%28%3F%3Aoutbound%5C%7C80%5C%7C%5C%7Ca%5C.ns%7Cb%29%24")
         );
-        let many: Vec<String> = (0..1000).map(|i| format!("cluster-{i}")).collect();
+        // RE2 refuses a backslash before a letter beyond ASCII
+        assert_eq!(
+            admin_path(["café"]).as_deref(),
+            Some("/clusters?filter=%5E%28%3F%3Acaf%C3%A9%29%24")
+        );
+        let many: Vec<String> = (0..5000).map(|i| format!("cluster-{i}")).collect();
         assert_eq!(
             admin_path(many.iter().map(String::as_str)).as_deref(),
             Some("/clusters")

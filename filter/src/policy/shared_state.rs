@@ -790,6 +790,7 @@ mod tests {
                     claimed_ms: 1_700_000_000_000,
                     clusters: super::super::membership::parse_admin_clusters(
                         b"backend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.1:80::weight::3\nbackend::[::1]:80::health_flags::/failed_active_hc\n",
+                        |_| true,
                     ),
                 }
                 .encode(),

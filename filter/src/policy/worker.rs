@@ -472,8 +472,12 @@ struct AdminReads {
     token: Option<u32>,
     /// When this worker looks at the shared value next (ms).
     next_look_ms: u64,
-    /// When this worker claimed a read it has not heard back from.
+    /// When this worker claimed a read it has not heard back from, and
+    /// the clusters it asked for (sorted).
     in_flight_since_ms: Option<u64>,
+    asked: Vec<String>,
+    /// No cluster to ask for: not before this (ms).
+    next_try_ms: u64,
     /// The last read this worker made failed (logged once until one works).
     failing: bool,
 }
@@ -982,9 +986,10 @@ impl Worker {
     /// has claimed (`admin_refresh` after the last claim, by any worker),
     /// for the glue to GET through `admin_cluster`; then `admin_read_done`.
     /// The read asks for the clusters in the shared registry that choose
-    /// their hosts (all workers' clusters), and for the Envoy cluster of
-    /// each route with overrides (`<cluster>.route.<route>`; a name that
-    /// only looks like one matches nothing there, harmlessly).
+    /// their hosts (all workers' clusters; a route with overrides,
+    /// `<cluster>.route.<route>` there, by its cluster), and for this
+    /// worker's own (a route's overrides may choose hosts where its
+    /// cluster does not).
     pub fn claim_admin_read(&mut self, now_ms: u64, store: &dyn SharedStore) -> Option<String> {
         self.config.admin_cluster()?;
         let refresh_ms = self.config.admin_refresh_ms();
@@ -992,25 +997,38 @@ impl Worker {
             .admin
             .in_flight_since_ms
             .is_some_and(|since| now_ms.saturating_sub(since) < 2 * refresh_ms);
-        if in_flight || !self.admin.membership.due(now_ms, refresh_ms) {
+        if in_flight
+            || now_ms < self.admin.next_try_ms
+            || !self.admin.membership.due(now_ms, refresh_ms)
+        {
             return None;
         }
         let registry = store
             .get(&registry_key(self.geometry))
             .ok()
             .flatten()
-            .and_then(|(bytes, _)| Registry::decode(&bytes).ok())?;
-        let mut names: Vec<&str> = Vec::new();
-        for name in &registry.names {
-            names.push(name);
-            if let Some((cluster, _)) = name.split_once(".route.") {
-                names.push(cluster);
-            }
-        }
-        names.retain(|n| self.config.policy_for(n).host_choice);
+            .and_then(|(bytes, _)| Registry::decode(&bytes).ok())
+            .unwrap_or_default();
+        let mut names: Vec<&str> = registry
+            .names
+            .iter()
+            .map(|n| n.split_once(".route.").map_or(n.as_str(), |(c, _)| c))
+            .filter(|n| self.config.policy_for(n).host_choice)
+            .collect();
+        names.extend(
+            self.clusters
+                .iter()
+                .filter(|c| c.tracking == Tracking::Tracked && c.policy.host_choice)
+                .map(|c| c.envoy_cluster.as_str()),
+        );
         names.sort_unstable();
         names.dedup();
-        let path = admin_path(names)?;
+        let Some(path) = admin_path(names.iter().copied()) else {
+            // nothing to ask for (yet): not before the next period
+            self.admin.next_try_ms = now_ms.saturating_add(refresh_ms);
+            return None;
+        };
+        let asked: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let key = membership_key(self.geometry);
         let (mut value, token) = match store.get(&key) {
             Ok(Some((bytes, token))) => (Membership::decode(&bytes).unwrap_or_default(), token),
@@ -1026,6 +1044,7 @@ impl Worker {
         store.set(&key, &value.encode(), token).ok()?;
         self.admin.membership = value;
         self.admin.in_flight_since_ms = Some(now_ms);
+        self.admin.asked = asked;
         Some(path)
     }
 
@@ -1041,8 +1060,18 @@ impl Worker {
     ) {
         self.admin.in_flight_since_ms = None;
         let cluster = self.config.admin_cluster.clone();
-        let body = match result {
-            Ok(body) => body,
+        let asked = std::mem::take(&mut self.admin.asked);
+        let clusters = result.and_then(|body| {
+            let clusters =
+                parse_admin_clusters(body, |c| asked.binary_search_by(|a| a.as_str().cmp(c)).is_ok());
+            if clusters.is_empty() {
+                Err(format!("its answer names no host of the {} clusters asked for (is it Envoy's admin interface?)", asked.len()))
+            } else {
+                Ok(clusters)
+            }
+        });
+        let clusters = match clusters {
+            Ok(clusters) => clusters,
             Err(why) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
@@ -1054,7 +1083,6 @@ impl Worker {
                 return;
             }
         };
-        let clusters = parse_admin_clusters(body);
         let update = update_shared(
             store,
             &membership_key(self.geometry),
@@ -1072,12 +1100,12 @@ impl Worker {
             self.admin.membership = stored.value;
             // the token is not known: the next look decodes the value again
             self.admin.token = None;
-        }
-        if std::mem::replace(&mut self.admin.failing, false) {
-            log.log(
-                Level::Info,
-                &format!("Envoy's admin interface read again through cluster \"{cluster}\""),
-            );
+            if std::mem::replace(&mut self.admin.failing, false) {
+                log.log(
+                    Level::Info,
+                    &format!("Envoy's admin interface read again through cluster \"{cluster}\""),
+                );
+            }
         }
     }
 
@@ -1337,11 +1365,16 @@ impl Worker {
             (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
             _ => None,
         };
-        let members = self.admin.membership.members(
-            &state.envoy_cluster,
-            now_ms,
-            self.config.admin_refresh_ms(),
-        );
+        // a read is trusted for a few periods, or ticks if those are longer
+        let period_ms = self
+            .config
+            .admin_refresh_ms()
+            .max(self.tick_us / 1_000)
+            .max(MEMBERSHIP_LOOK_MS);
+        let members = self
+            .admin
+            .membership
+            .members(&state.envoy_cluster, now_ms, period_ms);
         state.hosts_summary = state.hosts.refresh(&shared.value.hosts, members);
         let (checks, misses) = state.hosts.take_override_checks();
         state.override_check.add(checks, misses);
@@ -2515,8 +2548,9 @@ c::h2::weight::1
         let mut rr = 0;
         // no host is slow: only the admin interface tells them apart
         host_traffic(&mut w, 60, usize::MAX, &mut rr);
-        // nothing to read before a cluster is registered
-        assert_eq!(w.claim_admin_read(T0, &store), None);
+        // nothing to read before a cluster is registered (asked again a
+        // period later)
+        assert_eq!(w.claim_admin_read(T0 - 5_000, &store), None);
         w.sync(T0, &store, &mut log);
         let path = w.claim_admin_read(T0, &store).unwrap();
         assert_eq!(path, "/clusters?filter=%5E%28%3F%3Ac%29%24");

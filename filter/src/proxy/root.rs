@@ -134,10 +134,12 @@ impl<H: Host> Plugin<H> {
                         Ok(token) => self.admin_read = Some(token),
                         Err(status) => worker.admin_read_done(
                             now_ms,
-                            Err(format!(
-                                "dispatch_http_call failed (status {}: no such cluster?)",
-                                status.0
-                            )),
+                            Err(match status.0 {
+                                // Envoy's answer to an unknown cluster
+                                2 => "dispatch_http_call refused it (status 2: no such cluster?)"
+                                    .to_string(),
+                                other => format!("dispatch_http_call failed (status {other})"),
+                            }),
                             &self.host,
                             &mut host,
                         ),
