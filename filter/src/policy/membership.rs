@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use super::shared_state::{DecodeError, MAX_HOST_ADDRESS};
+use super::shared_state::{DecodeError, Reader, MAX_HOST_ADDRESS};
 
 const MAGIC: &[u8; 3] = b"AHM";
 const VERSION: u8 = 1;
@@ -126,7 +126,7 @@ impl Membership {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader(bytes);
+        let mut r = Reader::new(bytes);
         if r.take(3)? != MAGIC {
             return Err(DecodeError::BadMagic);
         }
@@ -140,7 +140,7 @@ impl Membership {
         let mut clusters = BTreeMap::new();
         for _ in 0..count {
             let len = usize::from(r.u16()?);
-            let name = r.text(len)?;
+            let name = text(&mut r, len)?;
             let n = usize::from(r.u16()?);
             if n > MAX_MEMBERS {
                 return Err(DecodeError::Corrupt("too many members"));
@@ -151,7 +151,7 @@ impl Membership {
                 if len > MAX_HOST_ADDRESS {
                     return Err(DecodeError::Corrupt("address too long"));
                 }
-                let address = r.text(len)?;
+                let address = text(&mut r, len)?;
                 let weight = r.u32()?;
                 let healthy = match r.u8()? {
                     0 => false,
@@ -166,7 +166,7 @@ impl Membership {
             }
             clusters.insert(name, members);
         }
-        if !r.0.is_empty() {
+        if !r.is_done() {
             return Err(DecodeError::Corrupt("trailing bytes"));
         }
         Ok(Membership {
@@ -177,36 +177,11 @@ impl Membership {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.0.len() < n {
-            return Err(DecodeError::Truncated);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        self.take(N)?.try_into().map_err(|_| DecodeError::Truncated)
-    }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    fn text(&mut self, len: usize) -> Result<String, DecodeError> {
-        let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Corrupt("not UTF-8"))
-    }
+/// `len` bytes of UTF-8.
+fn text(r: &mut Reader<'_>, len: usize) -> Result<String, DecodeError> {
+    std::str::from_utf8(r.take(len)?)
+        .map(str::to_string)
+        .map_err(|_| DecodeError::Corrupt("not UTF-8"))
 }
 
 /// The members of the `wanted` clusters in the admin interface's

@@ -450,12 +450,22 @@ fn encode_sketch(sketch: &Sketch, out: &mut Vec<u8>) {
 }
 
 /// Bounds-checked little-endian reader.
-struct Reader<'a> {
+/// Reads the little-endian encodings (here and in `membership`).
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes }
+    }
+
+    /// Whether every byte was read.
+    pub(super) fn is_done(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.bytes.len() < n {
             return Err(DecodeError::Truncated);
         }
@@ -470,16 +480,16 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(super) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(u8::from_le_bytes(self.array()?))
     }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(super) fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(super) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(super) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
     fn f64(&mut self) -> Result<f64, DecodeError> {

@@ -264,14 +264,8 @@ mod tests {
         plugin.on_tick();
         assert_eq!(host.calls_to("get_shared_data"), 0);
         host.state_mut().failing = vec!["get_shared_data".into()];
-        host.request(Some("backend"), &[(":method", "GET")]);
-        let Stream::Downstream(mut r) = plugin.stream() else {
-            panic!("wrong role")
-        };
-        r.on_request_headers();
         // an upstream answered: the cluster is tracked, registered on the tick
-        host.set_property(b"response\0code_details", b"via_upstream");
-        r.on_response_headers(true);
+        tracked_backend(&host, &plugin);
         plugin.on_tick();
         assert!(host.logged("get_shared_data(registry) failed"));
         assert_eq!(host.stat("adaptive_hedge.host_errors_total"), Some(1));
