@@ -581,13 +581,23 @@ impl Hosts {
     /// the few left. Returns the hosts held out.
     fn weigh(&mut self, members: Option<&[Member]>) -> usize {
         let panic = members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len());
-        let mut held_out = 0;
-        for h in self.hosts.iter_mut().filter(|h| !h.gone) {
-            let member = members.map(|m| {
-                m.binary_search_by(|m| m.address.as_str().cmp(&h.address))
+        let find = |address: &str| {
+            members.map(|m| {
+                m.binary_search_by(|m| m.address.as_str().cmp(address))
                     .ok()
                     .and_then(|i| m.get(i))
-            });
+            })
+        };
+        // no host known here listed at all: the addresses are written
+        // differently (or the read is of other hosts), not all removed
+        let members = members.filter(|_| {
+            self.hosts
+                .iter()
+                .any(|h| !h.gone && find(&h.address).flatten().is_some())
+        });
+        let mut held_out = 0;
+        for h in self.hosts.iter_mut().filter(|h| !h.gone) {
+            let member = members.and(find(&h.address));
             (h.weight, h.held_out) = match member {
                 None => (1.0, false),
                 // not in the cluster (any more)
@@ -1179,6 +1189,7 @@ mod tests {
     #[test]
     fn envoy_s_word_holds_hosts_out_and_weighs_them_short_of_its_panic_threshold() {
         let (mut hosts, shared) = measured_with(&[2000.0, 2000.0, 2000.0, 2000.0]);
+        let shared_four = shared.clone();
         let address = |i: usize| format!("10.0.0.{i}:80");
         let member = |i: usize, weight: u32, healthy: bool| Member {
             address: address(i),
@@ -1239,6 +1250,9 @@ mod tests {
         ];
         assert_eq!(v6.refresh(&shared, Some(&said)).held_out, 1);
         assert!(v6.get(1).is_some_and(|h| h.held_out));
+        // a read naming none of the hosts known here holds none out
+        let said = [member(7, 1, true)];
+        assert_eq!(hosts.refresh(&shared_four, Some(&said)).held_out, 0);
     }
 
     #[test]
