@@ -68,6 +68,10 @@ const MAX_ROUTE_VARIANTS: usize = 64;
 /// Slices that make up the "recent" quantile (see `hedge_delay`).
 const RECENT_SLICES: u64 = 2;
 
+/// Of the single-attempt responses to requests whose host the filter
+/// named, one in this many has its host read (`Worker::check_address`).
+pub const ADDRESS_CHECK_EVERY: u32 = 4;
+
 /// How often a worker looks at the admin interface's last read in shared
 /// memory (ms): a tick's work, but not every tick's.
 const MEMBERSHIP_LOOK_MS: u64 = 1_000;
@@ -227,6 +231,8 @@ pub struct ClusterState {
     /// The backend's own p50, p90, p99 (µs) at the last sync; 0 while
     /// not known.
     backend_quantiles_us: [u64; 3],
+    /// Single-attempt responses of chosen requests seen (`check_address`).
+    address_checks: u32,
     /// Named routes that learn their own delay (`max_routes`).
     routes: Routes,
     /// The cluster's hosts (`host_choice`).
@@ -267,6 +273,7 @@ impl ClusterState {
             shared_bytes: 0,
             revive: false,
             wants_slot: false,
+            address_checks: 0,
             routes: Routes::default(),
             hosts: Hosts::default(),
             hosts_summary: HostsSummary::default(),
@@ -424,8 +431,10 @@ impl ClusterState {
 /// What the response of a request tells about its cluster's hosts.
 #[derive(Clone, Copy, Debug)]
 pub struct HostResponse<'a> {
-    /// `upstream.address`: the host whose response the client got.
-    pub address: &'a [u8],
+    /// `upstream.address`: the host whose response the client got; `None`
+    /// when not read (`Worker::check_address` said the named primary of a
+    /// single attempt may be trusted).
+    pub address: Option<&'a [u8]>,
     /// The response's time, if it was timed and is a success.
     pub latency_us: Option<u64>,
     /// A 5xx, or a local reply (reset, connect failure, timeout).
@@ -809,7 +818,12 @@ impl Worker {
         if !state.policy.host_choice {
             return;
         }
-        let Some(winner) = state.hosts.find_or_add(response.address) else {
+        let winner = match (response.address, pick) {
+            (Some(address), _) => state.hosts.find_or_add(address),
+            (None, Some(p)) if response.attempts == Some(1) => Some(p.primary),
+            (None, _) => None,
+        };
+        let Some(winner) = winner else {
             return;
         };
         state.hosts.answered(winner);
@@ -855,9 +869,37 @@ impl Worker {
                 _ => state.hosts.observe(winner, latency),
             }
         }
-        if let (Some(p), Some(1)) = (pick, response.attempts) {
+        // only an address read tells whether Envoy followed the header
+        if let (Some(p), Some(1), Some(_)) = (pick, response.attempts, response.address) {
             state.hosts.record_override(p.primary, p.primary == winner);
         }
+    }
+
+    /// Whether the glue must read which host answered a response of a
+    /// request whose primary the filter named (`pick`), after `attempts`.
+    /// After a single attempt the answer is the named host's wherever
+    /// Envoy follows the header, so only every `ADDRESS_CHECK_EVERY`-th is
+    /// read (the first one included): enough to tell a cluster that
+    /// ignores the header, or a host Envoy no longer has
+    /// (`Hosts::take_override_checks`), while the others are attributed to
+    /// the named host without a host call (about 12,500 instructions).
+    /// Every other response is read: a hedge's or a retry's winner is not
+    /// known otherwise.
+    pub fn check_address(
+        &mut self,
+        id: ClusterId,
+        pick: Option<HostPick>,
+        attempts: Option<u64>,
+    ) -> bool {
+        let Some(state) = self.clusters.get_mut(id) else {
+            return true;
+        };
+        if pick.is_none() || attempts != Some(1) {
+            return true;
+        }
+        let turn = state.address_checks;
+        state.address_checks = turn.wrapping_add(1);
+        turn % ADDRESS_CHECK_EVERY == 0
     }
 
     /// A request whose host the filter chose ended.
@@ -2527,6 +2569,50 @@ mod tests {
         assert_eq!(hosts.iter_known().filter(|h| h.probation).count(), 1);
     }
 
+    /// After a single attempt the named host is trusted but for one
+    /// response in `ADDRESS_CHECK_EVERY`: its latency is the named host's,
+    /// and only the responses read count toward the override check.
+    #[test]
+    fn a_single_attempt_s_host_is_read_only_now_and_then() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        let pick = HostPick {
+            primary: 1,
+            hedge: None,
+        };
+        let checks: Vec<bool> = (0..8)
+            .map(|_| w.check_address(0, Some(pick), Some(1)))
+            .collect();
+        assert_eq!(
+            checks,
+            [true, false, false, false, true, false, false, false]
+        );
+        // a hedged response, or one the filter did not choose: always read
+        assert!(w.check_address(0, Some(pick), Some(2)));
+        assert!(w.check_address(0, None, Some(1)));
+        let cost = |w: &Worker| w.clusters[0].hosts.get(1).unwrap().cost_us();
+        let before = cost(&w);
+        for _ in 0..50 {
+            w.on_host_response(
+                0,
+                Some(pick),
+                HostResponse {
+                    address: None,
+                    latency_us: Some(40_000),
+                    failed: false,
+                    from_upstream: true,
+                    attempts: Some(1),
+                    per_try_timeout_ms: None,
+                },
+            );
+        }
+        assert!(cost(&w) > 2.0 * before, "{before} -> {}", cost(&w));
+        // no check was recorded: nothing to judge the cluster by
+        assert_eq!(w.clusters[0].hosts.take_override_checks(), (0, 0));
+    }
+
     /// What `/clusters` says of cluster "c": h0 of weight 3, h1, and h2
     /// failing its health checks.
     const ADMIN_SAYS: &[u8] = b"c::added_via_api::false
@@ -2653,7 +2739,7 @@ c::h2::weight::1
             id,
             pick,
             HostResponse {
-                address: address.as_bytes(),
+                address: Some(address.as_bytes()),
                 latency_us: Some(latency_us),
                 failed: false,
                 from_upstream: true,
@@ -2748,7 +2834,7 @@ c::h2::weight::1
             0,
             None,
             HostResponse {
-                address: b"h1",
+                address: Some(b"h1"),
                 latency_us: Some(2000),
                 failed: false,
                 from_upstream: true,
@@ -2785,7 +2871,7 @@ c::h2::weight::1
                 0,
                 Some(pick),
                 HostResponse {
-                    address: b"h0",
+                    address: Some(b"h0"),
                     latency_us: Some(2000),
                     failed: false,
                     from_upstream: true,

@@ -349,7 +349,13 @@ impl<H: Host> DownstreamRequest<H> {
         if !timed && !self.attributes() {
             return None;
         }
-        let address = self.host.property(UPSTREAM_ADDRESS).ok().flatten()?;
+        // the named primary of a single attempt is trusted, but for a
+        // share of checks (and where the answer is shown)
+        let address = if self.attributes() || worker.check_address(cluster, pick, attempts) {
+            Some(self.host.property(UPSTREAM_ADDRESS).ok().flatten()?)
+        } else {
+            None
+        };
         let origin = self.origin();
         let from_upstream = origin.from_upstream;
         let failed = !from_upstream || origin.status.is_some_and(|code| code >= 500);
@@ -357,7 +363,7 @@ impl<H: Host> DownstreamRequest<H> {
             cluster,
             pick,
             HostResponse {
-                address: &address,
+                address: address.as_deref(),
                 latency_us,
                 failed,
                 from_upstream,
@@ -365,7 +371,7 @@ impl<H: Host> DownstreamRequest<H> {
                 per_try_timeout_ms: self.per_try_timeout_ms,
             },
         );
-        Some(address)
+        address
     }
 
     /// Where the response came from, read once: the response headers in
@@ -562,6 +568,7 @@ mod tests {
     use crate::headers::{
         ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, UPSTREAM_SERVICE_TIME,
     };
+    use crate::policy::worker::ADDRESS_CHECK_EVERY;
     use crate::proxy::fake::{plugin, FakeHost};
     use crate::proxy::root::{Plugin, Stream};
 
@@ -1245,7 +1252,9 @@ mod tests {
         host.request(Some("backend"), GET);
         host.set_property(ROUTE_NAME, b"default");
         request(&plugin).on_request_headers();
-        let phases = loop {
+        // four chosen requests in a row: one reads which host answered
+        let mut chosen = Vec::new();
+        while chosen.len() < ADDRESS_CHECK_EVERY as usize {
             host.request(Some("backend"), GET);
             host.set_property(ROUTE_NAME, b"default");
             let mut r = request(&plugin);
@@ -1265,8 +1274,8 @@ mod tests {
             r.on_response_body(10, true);
             r.on_log();
             let end_calls = std::mem::take(&mut host.state_mut().calls);
-            break [request_calls, response_calls, end_calls];
-        };
+            chosen.push([request_calls, response_calls, end_calls]);
+        }
         let expected: [&[&str]; 3] = [
             &[
                 "request_header_pairs",
@@ -1284,16 +1293,25 @@ mod tests {
                 "response_header_pairs",
                 "now_ns",
                 "property upstream.request_attempt_count",
-                "property upstream.address",
             ],
             &[],
         ];
-        for (phase, (made, expected)) in ["request headers", "response headers", "body and log"]
-            .iter()
-            .zip(phases.iter().zip(expected))
-        {
-            assert_eq!(made, expected, "{phase}");
+        let mut address_reads = 0;
+        for mut phases in chosen {
+            // the named host is trusted after a single attempt, but for one
+            // response in ADDRESS_CHECK_EVERY
+            if phases[1].last().map(String::as_str) == Some("property upstream.address") {
+                phases[1].pop();
+                address_reads += 1;
+            }
+            for (phase, (made, expected)) in ["request headers", "response headers", "body and log"]
+                .iter()
+                .zip(phases.iter().zip(expected))
+            {
+                assert_eq!(made, expected, "{phase}");
+            }
         }
+        assert_eq!(address_reads, 1);
     }
 
     /// The response's origin costs one read when the router marked it, a

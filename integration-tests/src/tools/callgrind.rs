@@ -71,10 +71,12 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Counts one configuration (its upstream ports are replaced by one instant host).
+/// Counts one configuration (each of its upstream ports replaced by an
+/// instant host of its own: the backend cluster's three hosts are three,
+/// so the filter chooses among them as it would in a real cluster).
 pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, String> {
-    let sim = Simulator::start(vec![Latency::fixed_ms(0)]).map_err(|e| e.to_string())?;
-    let port = sim.ports().first().copied().unwrap_or(0);
+    let hosts = options.upstream_ports.len().max(1);
+    let sim = Simulator::start(vec![Latency::fixed_ms(0); hosts]).map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!(
         "adaptive-hedge-callgrind-{}-{}",
         std::process::id(),
@@ -87,7 +89,7 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
     let mut options = options
         .concurrency(1)
         .ready_timeout(Duration::from_secs(180));
-    options.upstream_ports = vec![port; options.upstream_ports.len()];
+    options.upstream_ports = sim.ports().to_vec();
     let envoy = Envoy::start(options.launcher(Launcher {
         program: "valgrind".into(),
         args: vec![

@@ -583,12 +583,15 @@ pub fn run(
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
                         // as the filter: the host that answered a timed request
+                        // (read, or trusted to be the named one)
                         let answered = address(answered);
+                        let named = pick.map(|(p, _)| p);
+                        let read = w.check_address(cluster, named, Some(attempts));
                         w.on_host_response(
                             cluster,
-                            pick.map(|(p, _)| p),
+                            named,
                             HostResponse {
-                                address: answered.as_bytes(),
+                                address: read.then_some(answered.as_bytes()),
                                 latency_us: Some(elapsed),
                                 failed: false,
                                 from_upstream: true,
