@@ -135,6 +135,18 @@ fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
     unsafe { answer(code, data, size) }
 }
 
+/// The first `size` bytes of one of the host's buffers (`None` when empty).
+fn buffer(kind: u32, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+    if size == 0 {
+        return Ok(None);
+    }
+    let (mut data, mut len) = (null_mut(), 0usize);
+    // SAFETY: out-pointers to locals.
+    let code = unsafe { proxy_get_buffer_bytes(kind, 0, size, &mut data, &mut len) };
+    // SAFETY: the host allocated `len` bytes on Ok.
+    unsafe { answer(code, data, len) }
+}
+
 fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), HostStatus> {
     // SAFETY: pointers and lengths of live slices.
     status(unsafe {
@@ -155,16 +167,7 @@ impl Host for Abi {
     }
 
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
-        if size == 0 {
-            return Ok(None);
-        }
-        let (mut data, mut len) = (null_mut(), 0usize);
-        // SAFETY: out-pointers to locals.
-        let code = unsafe {
-            proxy_get_buffer_bytes(BUFFER_PLUGIN_CONFIGURATION, 0, size, &mut data, &mut len)
-        };
-        // SAFETY: the host allocated `len` bytes on Ok.
-        unsafe { answer(code, data, len) }
+        buffer(BUFFER_PLUGIN_CONFIGURATION, size)
     }
 
     fn request_header_pairs(&self) -> Result<Option<Vec<u8>>, HostStatus> {
@@ -252,16 +255,7 @@ impl Host for Abi {
     }
 
     fn http_call_response_body(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
-        if size == 0 {
-            return Ok(None);
-        }
-        let (mut data, mut len) = (null_mut(), 0usize);
-        // SAFETY: out-pointers to locals.
-        let code = unsafe {
-            proxy_get_buffer_bytes(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, size, &mut data, &mut len)
-        };
-        // SAFETY: the host allocated `len` bytes on Ok.
-        unsafe { answer(code, data, len) }
+        buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, size)
     }
 }
 
