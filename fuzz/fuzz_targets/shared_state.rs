@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::Request;
-use adaptive_hedge::policy::membership::{parse_admin_clusters, Membership};
+use adaptive_hedge::policy::membership::{parse_admin_clusters, parse_outlier_detection, Membership};
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
     cluster_key, membership_key, registry_key, Registry, SharedCluster, SharedStore,
@@ -39,10 +39,12 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Membership::decode(&bytes).ok(), Some(membership));
     }
     // the admin interface's text (from Envoy, but parsed all the same)
+    let clusters = parse_admin_clusters(data, |_| true);
     let read = Membership {
         read_ms: 1,
         claimed_ms: 1,
-        clusters: parse_admin_clusters(data, |_| true),
+        outlier_detection: parse_outlier_detection(data, |c| clusters.contains_key(c)),
+        clusters,
     };
     assert_eq!(Membership::decode(&read.encode()).ok(), Some(read));
 

@@ -117,6 +117,9 @@ pub struct ClusterView<'a> {
     pub armed: Option<&'a ArmedRequests>,
     /// The delay is known stale: no request is armed with it.
     pub stale_delay: bool,
+    /// Armed requests are paced for outlier detection (`outlier_pacing`,
+    /// unless Envoy says the cluster has none: see `timeouts`).
+    pub pacing: bool,
 }
 
 /// Everything the filter does with one request.
@@ -414,12 +417,16 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     // (see `timeouts`); with no host clear for both attempts the request
     // is not armed (it still goes to its host, whose answer clears the
     // count).
+    // Without pacing (nothing to spare, or turned off), a host with
+    // timeouts standing is still avoided where another will do: its
+    // attempts outlive the delay, the sign of a slow host before its
+    // latency is known.
     let held_back = |id: usize| {
         chooser.is_some_and(|(view, known)| {
-            if !view.policy.outlier_pacing {
-                return false;
-            }
             let standing = known.timeouts_unanswered(id);
+            if !view.pacing {
+                return standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST;
+            }
             view.armed.map_or(
                 standing >= super::timeouts::STEADY_TIMEOUTS_PER_HOST,
                 |armed| armed.held_back(id, standing),
@@ -432,9 +439,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     let choose = |armed: bool, avoid: &dyn Fn(usize) -> bool| {
         chooser.and_then(|(view, hosts)| {
             let stale = view.armed.is_some_and(ArmedRequests::stale);
-            let fresh = hosts
-                .needs_fresh_attempt(stale)
-                .filter(|_| view.policy.outlier_pacing);
+            let fresh = hosts.needs_fresh_attempt(stale).filter(|_| view.pacing);
             let pick = match fresh {
                 // unarmed: its own timeout would be the next local-origin
                 // failure there (a 504 in a row where the 204 is not set)
@@ -455,11 +460,16 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             &held_back
         };
         hosts = choose(true, avoiding);
+        if !view.pacing && hosts.as_ref().is_some_and(|(pick, _)| pick.hedge.is_none()) {
+            // every other host avoided: the hedge goes to the best of them
+            hosts = choose(true, &anywhere);
+        }
         let paced = !a.shadow
+            && view.pacing
             && match &hosts {
                 Some((pick, _)) => pick.hedge.is_none() || held_back(pick.primary),
                 // no host named: the cluster's armed requests past their delay
-                None => view.policy.outlier_pacing && view.past_delay >= MAX_PAST_DELAY,
+                None => view.pacing && view.past_delay >= MAX_PAST_DELAY,
             };
         if paced {
             decision = Decision::Skip(Skip::Paced);
@@ -639,6 +649,7 @@ mod tests {
             past_delay: 0,
             armed: None,
             stale_delay: false,
+            pacing: policy.outlier_pacing,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -898,6 +909,7 @@ mod tests {
             past_delay: 0,
             armed: None,
             stale_delay: false,
+            pacing: true,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");
@@ -969,6 +981,7 @@ mod tests {
             past_delay: 0,
             armed: None,
             stale_delay: false,
+            pacing: policy.outlier_pacing,
         }
     }
 

@@ -16,13 +16,17 @@
 //! healthy, or does not list at all, is never named; the score divides
 //! by the weight. A read older than `STALE_READS` refreshes is not
 //! trusted: the hosts are then chosen as without it.
+//!
+//! The same text says which clusters run outlier detection (their
+//! `cluster::outlier::` lines): a cluster without it has nothing the
+//! filter's outlier pacing could protect (`timeouts`), so it is not paced.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::shared_state::{DecodeError, Reader, MAX_HOST_ADDRESS};
 
 const MAGIC: &[u8; 3] = b"AHM";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// A cluster with more hosts than this is left out of the read (its hosts
 /// are chosen as without it): the value stays bounded.
 pub const MAX_MEMBERS: usize = 1024;
@@ -74,6 +78,8 @@ pub struct Membership {
     pub claimed_ms: u64,
     /// Each cluster's members, sorted by address.
     pub clusters: BTreeMap<String, Vec<Member>>,
+    /// Of `clusters`, those Envoy runs outlier detection on.
+    pub outlier_detection: BTreeSet<String>,
 }
 
 impl Membership {
@@ -97,6 +103,13 @@ impl Membership {
             .flatten()
     }
 
+    /// Whether Envoy runs outlier detection on `cluster`, if the last read
+    /// is recent and listed it (as `members`).
+    pub fn outlier_detection(&self, cluster: &str, now_ms: u64, period_ms: u64) -> Option<bool> {
+        self.members(cluster, now_ms, period_ms)
+            .map(|_| self.outlier_detection.contains(cluster))
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
@@ -110,6 +123,7 @@ impl Membership {
         for (name, members) in clusters {
             out.extend_from_slice(&(name.len() as u16).to_le_bytes());
             out.extend_from_slice(name.as_bytes());
+            out.push(u8::from(self.outlier_detection.contains(name)));
             let members: Vec<&Member> = members
                 .iter()
                 .filter(|m| m.address.len() <= MAX_HOST_ADDRESS)
@@ -138,9 +152,17 @@ impl Membership {
         let claimed_ms = r.u64()?;
         let count = r.u32()?;
         let mut clusters = BTreeMap::new();
+        let mut outlier_detection = BTreeSet::new();
         for _ in 0..count {
             let len = usize::from(r.u16()?);
             let name = text(&mut r, len)?;
+            match r.u8()? {
+                0 => {}
+                1 => {
+                    outlier_detection.insert(name.clone());
+                }
+                _ => return Err(DecodeError::Corrupt("outlier detection flag")),
+            }
             let n = usize::from(r.u16()?);
             if n > MAX_MEMBERS {
                 return Err(DecodeError::Corrupt("too many members"));
@@ -173,6 +195,7 @@ impl Membership {
             read_ms,
             claimed_ms,
             clusters,
+            outlier_detection,
         })
     }
 }
@@ -244,7 +267,7 @@ pub fn parse_admin_clusters(
     clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
     let mut bytes = 0usize;
     clusters.retain(|name, members| {
-        let size = 4 + name.len() + members.iter().map(|m| 6 + m.address.len()).sum::<usize>();
+        let size = 5 + name.len() + members.iter().map(|m| 6 + m.address.len()).sum::<usize>();
         bytes = bytes.saturating_add(size);
         bytes <= MAX_VALUE_BYTES
     });
@@ -260,6 +283,19 @@ pub fn parse_admin_clusters(
         });
     }
     clusters
+}
+
+/// Of the `wanted` clusters in the admin interface's `/clusters` text,
+/// those with outlier detection: Envoy writes its
+/// `cluster::outlier::success_rate_average::…` lines (and three more) for
+/// a cluster with an outlier detector, and none for one without.
+pub fn parse_outlier_detection(text: &[u8], wanted: impl Fn(&str) -> bool) -> BTreeSet<String> {
+    let text = String::from_utf8_lossy(text);
+    text.lines()
+        .filter_map(|line| line.split_once("::"))
+        .filter(|(cluster, rest)| rest.starts_with("outlier::") && wanted(cluster))
+        .map(|(cluster, _)| cluster.to_string())
+        .collect()
 }
 
 /// The admin request's path for `clusters`: `/clusters` with a filter that
@@ -306,9 +342,14 @@ mod tests {
     use super::*;
 
     /// What Envoy 1.40's `/clusters` printed for a cluster with active
-    /// health checks (trimmed: each host's counters, one IPv6 host).
+    /// health checks and outlier detection (trimmed: each host's counters,
+    /// one IPv6 host), and one with neither.
     const ADMIN_TEXT: &str = "\
 outbound|80||svc.ns::observability_name::outbound|80||svc.ns
+outbound|80||svc.ns::outlier::success_rate_average::-1
+outbound|80||svc.ns::outlier::success_rate_ejection_threshold::-1
+outbound|80||svc.ns::outlier::local_origin_success_rate_average::-1
+outbound|80||svc.ns::outlier::local_origin_success_rate_ejection_threshold::-1
 outbound|80||svc.ns::default_priority::max_connections::1024
 outbound|80||svc.ns::added_via_api::false
 outbound|80||svc.ns::127.0.0.1:19931::cx_active::0
@@ -326,6 +367,19 @@ outbound|80||svc.ns::[::1]:19933::weight::1
 other::10.0.0.1:80::health_flags::healthy
 other::10.0.0.1:80::weight::7
 ";
+
+    /// A cluster's `outlier::` lines say it has outlier detection; only the
+    /// clusters wanted count.
+    #[test]
+    fn the_admin_text_says_which_clusters_run_outlier_detection() {
+        let all = parse_outlier_detection(ADMIN_TEXT.as_bytes(), |_| true);
+        assert_eq!(all.into_iter().collect::<Vec<_>>(), ["outbound|80||svc.ns"]);
+        let none = parse_outlier_detection(ADMIN_TEXT.as_bytes(), |c| c == "other");
+        assert!(none.is_empty());
+        // a host line is no cluster line, whatever it says
+        let host = "c::10.0.0.1:80::outlier::1\n";
+        assert!(parse_outlier_detection(host.as_bytes(), |_| true).is_empty());
+    }
 
     #[test]
     fn the_admin_text_gives_each_host_its_weight_and_health() {
@@ -398,6 +452,7 @@ other::10.0.0.1:80::weight::7
             read_ms: 1,
             claimed_ms: 1,
             clusters: parse_admin_clusters(clusters.as_bytes(), |_| true),
+            outlier_detection: BTreeSet::new(),
         };
         assert!(value.clusters.len() > 1_000 && value.clusters.len() < 2_000);
         assert!(value.encode().len() <= MAX_VALUE_BYTES);
@@ -409,6 +464,7 @@ other::10.0.0.1:80::weight::7
             read_ms: 5,
             claimed_ms: 7,
             clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true),
+            outlier_detection: parse_outlier_detection(ADMIN_TEXT.as_bytes(), |_| true),
         };
         let bytes = value.encode();
         assert_eq!(Membership::decode(&bytes), Ok(value));
@@ -425,10 +481,10 @@ other::10.0.0.1:80::weight::7
         );
         // an address longer than any the filter tracks does not decode
         // (encoding would drop it: the round trip must hold)
-        let mut long = b"AHM\x01".to_vec();
+        let mut long = b"AHM\x02".to_vec();
         long.extend_from_slice(&[0; 16]);
         long.extend_from_slice(&1u32.to_le_bytes());
-        long.extend_from_slice(&[1, 0, b'c', 1, 0, 200]);
+        long.extend_from_slice(&[1, 0, b'c', 0, 1, 0, 200]);
         long.extend_from_slice(&[b'a'; 200]);
         long.extend_from_slice(&[1, 0, 0, 0, 1]);
         assert_eq!(
@@ -443,8 +499,20 @@ other::10.0.0.1:80::weight::7
             read_ms: 10_000,
             claimed_ms: 10_000,
             clusters: parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true),
+            outlier_detection: parse_outlier_detection(ADMIN_TEXT.as_bytes(), |_| true),
         };
         assert!(m.members("other", 10_000 + 3 * 5_000, 5_000).is_some());
+        // outlier detection is known for the clusters read, while trusted
+        assert_eq!(m.outlier_detection("other", 10_000, 5_000), Some(false));
+        assert_eq!(
+            m.outlier_detection("outbound|80||svc.ns", 10_000, 5_000),
+            Some(true)
+        );
+        assert_eq!(m.outlier_detection("unknown", 10_000, 5_000), None);
+        assert_eq!(
+            m.outlier_detection("other", 10_001 + 3 * 5_000, 5_000),
+            None
+        );
         assert!(m.members("other", 10_001 + 3 * 5_000, 5_000).is_none());
         assert!(m.members("unknown", 10_000, 5_000).is_none());
         assert!(!m.due(14_999, 5_000));

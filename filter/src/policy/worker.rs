@@ -21,7 +21,7 @@ use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, BudgetState, HedgeDelay,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
-use super::membership::{admin_path, parse_admin_clusters, Membership};
+use super::membership::{admin_path, parse_admin_clusters, parse_outlier_detection, Membership};
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
     cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore,
@@ -241,6 +241,9 @@ pub struct ClusterState {
     override_check: OverrideCheck,
     /// This worker's armed requests still running (see `timeouts`).
     armed: ArmedRequests,
+    /// Envoy runs outlier detection on the cluster, as its admin interface
+    /// last said (`None`: not known, taken as yes).
+    outlier_detection: Option<bool>,
 }
 
 impl ClusterState {
@@ -270,6 +273,7 @@ impl ClusterState {
             backend_quantiles_us: [0; 3],
             metrics: MetricTable::default(),
             reset_logged: false,
+            outlier_detection: None,
             shared_bytes: 0,
             revive: false,
             wants_slot: false,
@@ -380,7 +384,15 @@ impl ClusterState {
             past_delay,
             armed: Some(&self.armed),
             stale_delay: self.stale.is_some(),
+            pacing: self.pacing(),
         }
+    }
+
+    /// Whether armed requests are paced for outlier detection's sake
+    /// (`timeouts`): as configured (`outlier_pacing`), unless Envoy's admin
+    /// interface says the cluster has no outlier detection to spare.
+    fn pacing(&self) -> bool {
+        self.policy.outlier_pacing && self.outlier_detection != Some(false)
     }
 
     /// Books a plan made for this cluster: the request earns its share of
@@ -1103,17 +1115,18 @@ impl Worker {
         self.admin.in_flight_since_ms = None;
         let cluster = self.config.admin_cluster.clone();
         let asked = std::mem::take(&mut self.admin.asked);
-        let clusters = result.and_then(|body| {
-            let clusters =
-                parse_admin_clusters(body, |c| asked.binary_search_by(|a| a.as_str().cmp(c)).is_ok());
+        let read = result.and_then(|body| {
+            let wanted = |c: &str| asked.binary_search_by(|a| a.as_str().cmp(c)).is_ok();
+            let clusters = parse_admin_clusters(body, wanted);
             if clusters.is_empty() {
                 Err(format!("its answer names no host of the {} clusters asked for (is it Envoy's admin interface?)", asked.len()))
             } else {
-                Ok(clusters)
+                let outlier = parse_outlier_detection(body, |c| clusters.contains_key(c));
+                Ok((clusters, outlier))
             }
         });
-        let clusters = match clusters {
-            Ok(clusters) => clusters,
+        let (clusters, outlier_detection) = match read {
+            Ok(read) => read,
             Err(why) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
@@ -1134,6 +1147,7 @@ impl Worker {
             |m| {
                 m.read_ms = now_ms;
                 m.clusters = clusters.clone();
+                m.outlier_detection = outlier_detection.clone();
             },
             Membership::encode,
         );
@@ -1418,6 +1432,24 @@ impl Worker {
             .membership
             .members(&state.envoy_cluster, now_ms, period_ms);
         state.hosts_summary = state.hosts.refresh(&shared.value.hosts, members);
+        let outlier_detection =
+            self.admin
+                .membership
+                .outlier_detection(&state.envoy_cluster, now_ms, period_ms);
+        if outlier_detection != state.outlier_detection && state.policy.outlier_pacing {
+            let was = state.pacing();
+            state.outlier_detection = outlier_detection;
+            if state.pacing() != was {
+                log.log(
+                    Level::Info,
+                    &if was {
+                        format!("cluster \"{}\": Envoy runs no outlier detection on it (admin interface): outlier pacing off", state.name)
+                    } else {
+                        format!("cluster \"{}\": outlier detection on it, or Envoy's word on it lost: outlier pacing on", state.name)
+                    },
+                );
+            }
+        }
         let (checks, misses) = state.hosts.take_override_checks();
         state.override_check.add(checks, misses);
         if state.override_check.tick(now_ms) {
@@ -2654,7 +2686,13 @@ c::h2::weight::1
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.hosts_held_out.c"), Some(1));
         assert_eq!(stats.get("adaptive_hedge.admin_reads_total"), Some(1));
-        assert!(log.0.is_empty(), "{:?}", log.0);
+        // nor does the cluster run outlier detection: nothing to pace for
+        assert_eq!(
+            log.0,
+            ["cluster \"c\": Envoy runs no outlier detection on it (admin interface): outlier pacing off"]
+        );
+        assert!(!w.cluster(0).unwrap().pacing());
+        log.0.clear();
         // the other worker has it from shared memory on its next tick
         traffic(&mut other, "c", 1, 2000);
         other.sync(T0 + 400, &store, &mut log);
@@ -2666,10 +2704,51 @@ c::h2::weight::1
         for _ in 0..2 {
             other.admin_read_done(T0 + 5_100, Err("it answered 404".into()), &store, &mut log);
         }
-        assert_eq!(log.0.len(), 1, "{:?}", log.0);
-        assert!(log.0[0].contains(
+        assert_eq!(log.0.len(), 2, "{:?}", log.0);
+        assert!(log.0[1].contains(
             "cannot read Envoy's admin interface through cluster \"admin\": it answered 404"
         ));
+    }
+
+    /// A cluster is paced for outlier detection unless the admin interface
+    /// says it has none (and only while its word is recent); a cluster
+    /// configured without pacing is never paced.
+    #[test]
+    fn outlier_pacing_follows_what_the_admin_interface_says() {
+        let store = MemoryStore::default();
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
+        let mut w = Worker::new(config(json));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        w.sync(T0, &store, &mut log);
+        assert!(w.cluster(0).unwrap().pacing(), "not known: paced");
+        let read = |w: &mut Worker, at: u64, text: &[u8], log: &mut Lines| {
+            w.claim_admin_read(at, &store).unwrap();
+            w.admin_read_done(at, Ok(text), &store, log);
+            w.sync(at + 1_000, &store, log);
+        };
+        let mut with = b"c::outlier::success_rate_average::-1\n".to_vec();
+        with.extend_from_slice(ADMIN_SAYS);
+        read(&mut w, T0, &with, &mut log);
+        assert!(w.cluster(0).unwrap().pacing());
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        read(&mut w, T0 + 5_000, ADMIN_SAYS, &mut log);
+        assert!(!w.cluster(0).unwrap().pacing());
+        // reads that stop: the word goes stale, and the pacing comes back
+        w.sync(T0 + 5_000 + 4 * 5_000, &store, &mut log);
+        assert!(w.cluster(0).unwrap().pacing());
+        assert_eq!(log.0.len(), 2, "{:?}", log.0);
+        assert!(log.0[1].ends_with("outlier pacing on"), "{:?}", log.0);
+        // off by configuration: never on, nothing logged
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin", "outlier_pacing": false}"#;
+        let mut w = Worker::new(config(json));
+        let mut log = Lines::default();
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        w.sync(T0, &store, &mut log);
+        read(&mut w, T0 + 10_000, &with, &mut log);
+        assert!(!w.cluster(0).unwrap().pacing());
+        assert!(log.0.is_empty(), "{:?}", log.0);
     }
 
     #[test]

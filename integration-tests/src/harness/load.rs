@@ -110,6 +110,9 @@ pub struct LoadResult {
     /// 200s that came from an attempt in the hosts' slow mode (the
     /// simulator's `x-sim-straggler`): the stragglers no hedge beat.
     pub stragglers_served: u64,
+    /// Replies whose filter debug header (`x-adaptive-hedge`, with
+    /// `debug_header` on) says the request was paced for outlier detection.
+    pub paced: u64,
     pub elapsed: Duration,
 }
 
@@ -128,6 +131,7 @@ impl LoadResult {
             errors: 0,
             sent: 0,
             stragglers_served: 0,
+            paced: 0,
             elapsed: Duration::ZERO,
         }
     }
@@ -140,6 +144,12 @@ impl LoadResult {
                 *self.statuses.entry(r.status).or_default() += 1;
                 if r.status == 200 && r.headers.contains_key("x-sim-straggler") {
                     self.stragglers_served += 1;
+                }
+                if r.headers
+                    .get("x-adaptive-hedge")
+                    .is_some_and(|d| d.starts_with("skipped; reason=paced"))
+                {
+                    self.paced += 1;
                 }
                 let _ = self.latency_us.record((elapsed.as_micros() as u64).max(1));
                 if let Some(first_byte) = r.first_byte_after {
@@ -163,6 +173,7 @@ impl LoadResult {
             *self.statuses.entry(*status).or_default() += n;
         }
         self.errors += other.errors;
+        self.paced += other.paced;
         self.sent += other.sent;
         self.stragglers_served += other.stragglers_served;
         self.elapsed = self.elapsed.max(other.elapsed);

@@ -472,6 +472,18 @@ fn run(w: &Workload, policy: &Policy, requests: u64) -> Result<Outcome, String> 
     )
 }
 
+/// `plugin_config` with its delay fixed at `delay_ms` (`min_delay` =
+/// `max_delay`): what a user who fixed the delay in the filter, configured
+/// alike otherwise, would get.
+fn with_fixed_delay(plugin_config: &str, delay_ms: f64) -> Result<String, String> {
+    let mut config: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(plugin_config).map_err(|e| format!("{plugin_config}: {e}"))?;
+    for field in ["min_delay", "max_delay"] {
+        config.insert(field.into(), format!("{delay_ms}ms").into());
+    }
+    Ok(serde_json::Value::Object(config).to_string())
+}
+
 /// Runs a workload without hedging, with the sweep and with `plugin_config`;
 /// `scale` (0..1] shortens every run (for a quick look).
 pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, String> {
@@ -488,13 +500,11 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
         mix_p99.push((o.extra_load(), o.ms(0.99)));
     }
-    // the same delays through the filter, at zero config otherwise
+    // the same delays through the filter, configured as the policy otherwise
     let mut budgeted_sweep = Vec::new();
     for &(delay_ms, ..) in sweep.iter().filter(|s| s.0 <= MAX_DELAY_MS) {
         let fixed = Policy::Adaptive {
-            plugin_config: format!(
-                r#"{{"min_delay": "{delay_ms}ms", "max_delay": "{delay_ms}ms"}}"#
-            ),
+            plugin_config: with_fixed_delay(plugin_config, delay_ms)?,
         };
         let o = run(w, &fixed, requests)?;
         budgeted_sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));

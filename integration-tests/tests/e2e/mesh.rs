@@ -8,7 +8,7 @@ use integration_tests::harness::envoy::{filter_stat_name, free_port, Envoy, Envo
 use integration_tests::harness::load;
 use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Istio's default route retry policy, on both routes of the backend
 /// cluster: 2 retries on connect-failure, refused-stream, unavailable,
@@ -302,21 +302,62 @@ fn ejections_in_a_brownout(
     plugin_config: Option<&str>,
     split: bool,
 ) -> (i64, String) {
+    let (envoy, report, paced) = brownout(config, plugin_config, Some(split));
+    let stats = envoy.stats();
+    let ejections = stats
+        .get("cluster.backend.outlier_detection.ejections_enforced_total")
+        .copied();
+    assert!(ejections.is_some(), "outlier detection is not configured");
+    (
+        ejections.unwrap_or_default(),
+        format!("{report}; paced: {paced}"),
+    )
+}
+
+/// The brownout of `ejections_in_a_brownout`, with outlier detection as
+/// `with_outlier_detection(split)` sets it, or none (`outlier: None`).
+/// With `admin_cluster` in the plugin config, the brownout waits until
+/// every worker has Envoy's word on the cluster's outlier detection.
+/// Also returns the brownout's requests paced for outlier detection (by
+/// the debug header, if on).
+fn brownout(
+    config: &str,
+    plugin_config: Option<&str>,
+    outlier: Option<bool>,
+) -> (Envoy, String, u64) {
     let m = Latency::reference();
     let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
-    let mut options = EnvoyOptions::new(config, sim.ports()).edit(
-        "    - name: backend\n      type: STATIC\n      connect_timeout: 1s\n",
-        &with_outlier_detection(split),
-    );
+    let mut options = EnvoyOptions::new(config, sim.ports());
+    if let Some(split) = outlier {
+        options = options.edit(
+            "    - name: backend\n      type: STATIC\n      connect_timeout: 1s\n",
+            &with_outlier_detection(split),
+        );
+    }
     if let Some(plugin_config) = plugin_config {
         options = options.plugin_config(plugin_config);
     }
     let envoy = Envoy::start(options).unwrap();
     let client = load::client();
     let url = envoy.url("/");
+    let admin = plugin_config.is_some_and(|c| c.contains("admin_cluster"));
     let run = runtime().block_on(async {
         if plugin_config.is_some() {
             common::warm_up(&client, &envoy, "/", 300, 4).await;
+        }
+        // each worker (two) says what it made of the admin interface's
+        // word when it changes its pacing; with outlier detection there is
+        // nothing to change: one read is enough
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let told = envoy.log().matches("outlier pacing off").count();
+            let read = envoy
+                .stat("wasmcustom.adaptive_hedge.admin_reads_total")
+                .unwrap_or_default();
+            if !admin || (read > 0 && (outlier.is_some() || told >= 2)) {
+                break;
+            }
+            common::warm_up(&client, &envoy, "/", 100, 4).await;
         }
         load::open_loop(&client, &url, 300.0, 900, Duration::from_secs(5)).await;
         sim.set_all_models(Latency::LogNormal {
@@ -331,10 +372,6 @@ fn ejections_in_a_brownout(
     let stats = envoy.stats();
     let get = |name: &str| stats.get(name).copied().unwrap_or_default();
     let ejections = get("cluster.backend.outlier_detection.ejections_enforced_total");
-    assert!(
-        stats.contains_key("cluster.backend.outlier_detection.ejections_enforced_total"),
-        "outlier detection is not configured"
-    );
     let report = format!(
         "{config} {}: {ejections} ejections (consecutive 5xx detected {}, local origin detected {}); p99 {:.1} ms; {}",
         plugin_config.unwrap_or("without the filter"),
@@ -343,9 +380,19 @@ fn ejections_in_a_brownout(
         run.ms(0.99),
         envoy.filter_stats("backend"),
     );
-    eprintln!("{report}");
+    eprintln!("{report}; paced in the brownout: {}", run.paced);
     envoy.assert_no_vm_failure();
-    (ejections, report)
+    (envoy, report, run.paced)
+}
+
+/// `name`'s value for the backend cluster in a brownout's report.
+fn reported(report: &str, name: &str) -> u64 {
+    report
+        .split(&format!("{name}.backend="))
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_default()
 }
 
 /// A brownout (every host 10x slower at once, none failing) through
@@ -355,7 +402,7 @@ fn ejections_in_a_brownout(
 /// alt-response`), so without the local-origin split a fired per-try
 /// timeout is no 5xx and resets `consecutive_5xx`, as the attempt's late
 /// 200 would have; with the split it is a local-origin failure whatever
-/// the code, and the filter's pacing (`paced_total`, a fresh attempt to a
+/// the code, and the filter's pacing (`reason=paced`, a fresh attempt to a
 /// host whose armed attempts fired) keeps a host far from the shipped ten
 /// in a row. Before the 204, measured with `--nocapture`: with outlier
 /// detection's defaults 0 to 3 hosts ejected per run (all 3 in one CI run
@@ -365,26 +412,49 @@ fn ejections_in_a_brownout(
 fn a_brownout_ejects_no_host_with_default_or_shipped_outlier_settings() {
     let (without, report) = ejections_in_a_brownout("envoy-baseline.yaml", None, false);
     assert_eq!(without, 0, "the brownout alone ejects: {report}");
-    let paced = r#"{"debug_header": true, "min_samples": 50}"#;
+    // with the admin interface read: Envoy says the cluster runs outlier
+    // detection, so it is paced as without the read
+    let paced = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#;
     let unpaced = r#"{"debug_header": true, "min_samples": 50, "outlier_pacing": false}"#;
     for (plugin, split) in [(paced, true), (paced, false), (unpaced, false)] {
         let (with, report) = ejections_in_a_brownout("envoy.yaml", Some(plugin), split);
         assert_eq!(with, 0, "{report}");
         // the filter was there: hedges fired per-try timeouts, and the
         // pacing held arming back while the delay was stale
-        let stat = |name: &str| {
-            report
-                .split(&format!("{name}.backend="))
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or_default()
-        };
-        assert!(stat("hedges_sent_total") > 20, "few hedges: {report}");
+        assert!(
+            reported(&report, "hedges_sent_total") > 20,
+            "few hedges: {report}"
+        );
         if plugin == paced {
-            assert!(stat("paced_total") > 0, "never paced: {report}");
+            assert!(!report.ends_with("; paced: 0"), "never paced: {report}");
         }
     }
+}
+
+/// A cluster Envoy runs no outlier detection on has nothing to pace for:
+/// once the admin interface says so (`admin_cluster`), the same brownout
+/// paces no request (above, with outlier detection, it does), and the
+/// filter hedges through it.
+#[test]
+fn a_cluster_without_outlier_detection_is_not_paced_once_envoy_says_so() {
+    let plugin = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#;
+    let (envoy, report, paced) = brownout("envoy.yaml", Some(plugin), None);
+    assert!(
+        !envoy
+            .stats()
+            .contains_key("cluster.backend.outlier_detection.ejections_enforced_total"),
+        "outlier detection is configured"
+    );
+    assert!(
+        envoy.log().matches("outlier pacing off").count() >= 2,
+        "{}",
+        envoy.log()
+    );
+    assert_eq!(paced, 0, "paced: {report}");
+    assert!(
+        reported(&report, "hedges_sent_total") > 20,
+        "few hedges: {report}"
+    );
 }
 
 /// The config check warns where outlier detection splits local-origin
