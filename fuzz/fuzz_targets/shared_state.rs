@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use adaptive_hedge::policy::config::Config;
 use adaptive_hedge::policy::decision::Request;
-use adaptive_hedge::policy::membership::{parse_admin_clusters, parse_outlier_detection, Membership};
+use adaptive_hedge::policy::membership::{
+    parse_admin_clusters, parse_config_dump, parse_outlier_detection, Membership,
+};
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
     cluster_key, membership_key, registry_key, Registry, SharedCluster, SharedStore,
@@ -47,6 +49,8 @@ fuzz_target!(|data: &[u8]| {
         clusters,
     };
     assert_eq!(Membership::decode(&read.encode()).ok(), Some(read));
+    // and its configuration dump's
+    let _ = parse_config_dump(data);
 
     // A worker meets the bytes under its keys.
     let Ok(config) =
@@ -77,7 +81,12 @@ fuzz_target!(|data: &[u8]| {
             .claim_admin_read(1_700_000_000_000 + i * 200, &store)
             .is_some()
         {
-            worker.admin_read_done(1_700_000_000_100 + i * 200, Ok(data), &store, &mut Quiet);
+            // the same bytes as every answer of the read (the dumps' too)
+            let at = 1_700_000_000_100 + i * 200;
+            let mut next = worker.admin_read_done(at, Ok(data), &store, &mut Quiet);
+            while next.is_some() {
+                next = worker.admin_read_done(at, Ok(data), &store, &mut Quiet);
+            }
         }
     }
     if let Ok(Some((bytes, _))) = store.get(&membership_key(geometry)) {

@@ -18,10 +18,13 @@
 //! trusted: the hosts are then chosen as without it.
 //!
 //! The same text says which clusters run outlier detection (their
-//! `cluster::outlier::` lines): a cluster without it has nothing the
-//! filter's outlier pacing could protect (`timeouts`), so it is not paced.
+//! `cluster::outlier::` lines), and for those the configuration dump says
+//! whether it splits local-origin errors: a cluster without outlier
+//! detection, or with it unsplit (where an armed request's timeout comes as
+//! the 204 it asked for), has nothing the filter's outlier pacing could
+//! spare (`timeouts`), so it is not paced.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::shared_state::{DecodeError, Reader, MAX_HOST_ADDRESS};
 
@@ -69,6 +72,38 @@ pub struct Member {
     pub healthy: bool,
 }
 
+/// What outlier detection on a cluster makes of a hedge's per-try timeout,
+/// as the admin interface says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutlierDetection {
+    /// No outlier detector: nothing counts it.
+    Off,
+    /// A detector; whether it splits local-origin errors is not known.
+    On,
+    /// A detector that does not split them: an armed request's timeout
+    /// reaches it as the 204 the request asked for, no failure.
+    Unsplit,
+    /// A detector that does: every timeout is a local-origin failure.
+    Split,
+}
+
+impl OutlierDetection {
+    /// Whether a fired per-try timeout may count as a failure there (what
+    /// the pacing spares); not known counts.
+    pub fn counts_timeouts(self) -> bool {
+        matches!(self, OutlierDetection::On | OutlierDetection::Split)
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            OutlierDetection::Off => 0,
+            OutlierDetection::On => 1,
+            OutlierDetection::Unsplit => 2,
+            OutlierDetection::Split => 3,
+        }
+    }
+}
+
 /// The last read of the admin interface, shared by all workers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {
@@ -78,8 +113,9 @@ pub struct Membership {
     pub claimed_ms: u64,
     /// Each cluster's members, sorted by address.
     pub clusters: BTreeMap<String, Vec<Member>>,
-    /// Of `clusters`, those Envoy runs outlier detection on.
-    pub outlier_detection: BTreeSet<String>,
+    /// Of `clusters`, those Envoy runs outlier detection on (the others
+    /// have none).
+    pub outlier_detection: BTreeMap<String, OutlierDetection>,
 }
 
 impl Membership {
@@ -105,9 +141,18 @@ impl Membership {
 
     /// Whether Envoy runs outlier detection on `cluster`, if the last read
     /// is recent and listed it (as `members`).
-    pub fn outlier_detection(&self, cluster: &str, now_ms: u64, period_ms: u64) -> Option<bool> {
-        self.members(cluster, now_ms, period_ms)
-            .map(|_| self.outlier_detection.contains(cluster))
+    pub fn outlier_detection(
+        &self,
+        cluster: &str,
+        now_ms: u64,
+        period_ms: u64,
+    ) -> Option<OutlierDetection> {
+        self.members(cluster, now_ms, period_ms).map(|_| {
+            self.outlier_detection
+                .get(cluster)
+                .copied()
+                .unwrap_or(OutlierDetection::Off)
+        })
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -123,7 +168,7 @@ impl Membership {
         for (name, members) in clusters {
             out.extend_from_slice(&(name.len() as u16).to_le_bytes());
             out.extend_from_slice(name.as_bytes());
-            out.push(u8::from(self.outlier_detection.contains(name)));
+            out.push(self.outlier_detection.get(name).map_or(0, |o| o.code()));
             let members: Vec<&Member> = members
                 .iter()
                 .filter(|m| m.address.len() <= MAX_HOST_ADDRESS)
@@ -152,16 +197,19 @@ impl Membership {
         let claimed_ms = r.u64()?;
         let count = r.u32()?;
         let mut clusters = BTreeMap::new();
-        let mut outlier_detection = BTreeSet::new();
+        let mut outlier_detection = BTreeMap::new();
         for _ in 0..count {
             let len = usize::from(r.u16()?);
             let name = text(&mut r, len)?;
-            match r.u8()? {
-                0 => {}
-                1 => {
-                    outlier_detection.insert(name.clone());
-                }
-                _ => return Err(DecodeError::Corrupt("outlier detection flag")),
+            let outlier = match r.u8()? {
+                0 => OutlierDetection::Off,
+                1 => OutlierDetection::On,
+                2 => OutlierDetection::Unsplit,
+                3 => OutlierDetection::Split,
+                _ => return Err(DecodeError::Corrupt("outlier detection")),
+            };
+            if outlier != OutlierDetection::Off {
+                outlier_detection.insert(name.clone(), outlier);
             }
             let n = usize::from(r.u16()?);
             if n > MAX_MEMBERS {
@@ -288,21 +336,24 @@ pub fn parse_admin_clusters(
 /// Of the `wanted` clusters in the admin interface's `/clusters` text,
 /// those with outlier detection: Envoy writes its
 /// `cluster::outlier::success_rate_average::…` lines (and three more) for
-/// a cluster with an outlier detector, and none for one without.
-pub fn parse_outlier_detection(text: &[u8], wanted: impl Fn(&str) -> bool) -> BTreeSet<String> {
+/// a cluster with an outlier detector, and none for one without (whether
+/// it splits local-origin errors is not there: `OutlierDetection::On`).
+pub fn parse_outlier_detection(
+    text: &[u8],
+    wanted: impl Fn(&str) -> bool,
+) -> BTreeMap<String, OutlierDetection> {
     let text = String::from_utf8_lossy(text);
     text.lines()
         .filter_map(|line| line.split_once("::"))
         .filter(|(cluster, rest)| rest.starts_with("outlier::") && wanted(cluster))
-        .map(|(cluster, _)| cluster.to_string())
+        .map(|(cluster, _)| (cluster.to_string(), OutlierDetection::On))
         .collect()
 }
 
-/// The admin request's path for `clusters`: `/clusters` with a filter that
-/// matches exactly those names (regular-expression metacharacters escaped,
-/// then percent-encoded), or the whole `/clusters` when the filter would be
-/// longer than `MAX_FILTER_BYTES`. `None` without a cluster to read.
-pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<String> {
+/// The names of `clusters` as an admin query parameter: a regular
+/// expression matching exactly those names (metacharacters escaped, then
+/// percent-encoded); `None` without a name, or past `MAX_FILTER_BYTES`.
+fn names_parameter<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<Option<String>> {
     let mut regex = String::from("^(?:");
     let mut any = false;
     for name in clusters {
@@ -322,19 +373,84 @@ pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<Str
         return None;
     }
     regex.push_str(")$");
-    let mut path = String::from("/clusters?filter=");
+    let mut encoded = String::new();
     for b in regex.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            path.push(char::from(b));
+            encoded.push(char::from(b));
         } else {
-            path.push_str(&format!("%{b:02X}"));
+            encoded.push_str(&format!("%{b:02X}"));
         }
     }
-    Some(if path.len() > MAX_FILTER_BYTES {
-        "/clusters".to_string()
-    } else {
-        path
+    Some((encoded.len() <= MAX_FILTER_BYTES).then_some(encoded))
+}
+
+/// The admin request's path for `clusters`: `/clusters` with a filter that
+/// matches exactly those names, or the whole `/clusters` when the filter
+/// would be longer than `MAX_FILTER_BYTES`. `None` without a cluster to
+/// read.
+pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    Some(match names_parameter(clusters)? {
+        Some(names) => format!("/clusters?filter={names}"),
+        None => "/clusters".to_string(),
     })
+}
+
+/// The configuration dump's paths for `clusters`' outlier detection: the
+/// dynamic clusters' (xDS: Istio, Envoy Gateway) and the static ones', each
+/// masked to the name and the outlier detection (the dump takes one
+/// resource type per request).
+pub fn config_dump_paths<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let Some(names) = names_parameter(clusters) else {
+        return Vec::new();
+    };
+    let names = names.map_or(String::new(), |n| format!("&name_regex={n}"));
+    ["dynamic_active_clusters", "static_clusters"]
+        .iter()
+        .map(|resource| {
+            format!(
+                "/config_dump?resource={resource}&mask=cluster.name,cluster.outlier_detection{names}"
+            )
+        })
+        .collect()
+}
+
+/// Whether each cluster in a configuration dump (`config_dump_paths`) with
+/// outlier detection splits local-origin errors. A cluster without
+/// outlier detection there is left out; an answer that is not a dump is an
+/// error.
+pub fn parse_config_dump(json: &[u8]) -> Result<BTreeMap<String, bool>, String> {
+    #[derive(serde::Deserialize)]
+    struct Dump {
+        #[serde(default)]
+        configs: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        cluster: Option<Cluster>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Cluster {
+        #[serde(default)]
+        name: String,
+        outlier_detection: Option<Outlier>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Outlier {
+        #[serde(default)]
+        split_external_local_origin_errors: bool,
+    }
+    let dump: Dump = serde_json::from_slice(json).map_err(|e| format!("not a dump: {e}"))?;
+    Ok(dump
+        .configs
+        .into_iter()
+        .filter_map(|e| e.cluster)
+        .filter_map(|c| {
+            Some((
+                c.name,
+                c.outlier_detection?.split_external_local_origin_errors,
+            ))
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -373,7 +489,10 @@ other::10.0.0.1:80::weight::7
     #[test]
     fn the_admin_text_says_which_clusters_run_outlier_detection() {
         let all = parse_outlier_detection(ADMIN_TEXT.as_bytes(), |_| true);
-        assert_eq!(all.into_iter().collect::<Vec<_>>(), ["outbound|80||svc.ns"]);
+        assert_eq!(
+            all.into_iter().collect::<Vec<_>>(),
+            [("outbound|80||svc.ns".to_string(), OutlierDetection::On)]
+        );
         let none = parse_outlier_detection(ADMIN_TEXT.as_bytes(), |c| c == "other");
         assert!(none.is_empty());
         // a host line is no cluster line, whatever it says
@@ -452,7 +571,7 @@ other::10.0.0.1:80::weight::7
             read_ms: 1,
             claimed_ms: 1,
             clusters: parse_admin_clusters(clusters.as_bytes(), |_| true),
-            outlier_detection: BTreeSet::new(),
+            outlier_detection: BTreeMap::new(),
         };
         assert!(value.clusters.len() > 1_000 && value.clusters.len() < 2_000);
         assert!(value.encode().len() <= MAX_VALUE_BYTES);
@@ -503,10 +622,13 @@ other::10.0.0.1:80::weight::7
         };
         assert!(m.members("other", 10_000 + 3 * 5_000, 5_000).is_some());
         // outlier detection is known for the clusters read, while trusted
-        assert_eq!(m.outlier_detection("other", 10_000, 5_000), Some(false));
+        assert_eq!(
+            m.outlier_detection("other", 10_000, 5_000),
+            Some(OutlierDetection::Off)
+        );
         assert_eq!(
             m.outlier_detection("outbound|80||svc.ns", 10_000, 5_000),
-            Some(true)
+            Some(OutlierDetection::On)
         );
         assert_eq!(m.outlier_detection("unknown", 10_000, 5_000), None);
         assert_eq!(
@@ -544,5 +666,47 @@ other::10.0.0.1:80::weight::7
             admin_path(many.iter().map(String::as_str)).as_deref(),
             Some("/clusters")
         );
+    }
+
+    #[test]
+    fn the_config_dump_is_asked_for_each_resource_and_the_names() {
+        assert!(config_dump_paths([]).is_empty());
+        assert_eq!(
+            config_dump_paths(["b"]),
+            [
+                "/config_dump?resource=dynamic_active_clusters&mask=cluster.name,cluster.outlier_detection&name_regex=%5E%28%3F%3Ab%29%24",
+                "/config_dump?resource=static_clusters&mask=cluster.name,cluster.outlier_detection&name_regex=%5E%28%3F%3Ab%29%24",
+            ]
+        );
+        let many: Vec<String> = (0..5000).map(|i| format!("cluster-{i}")).collect();
+        assert!(config_dump_paths(many.iter().map(String::as_str))
+            .iter()
+            .all(|p| !p.contains("name_regex")));
+    }
+
+    /// What Envoy 1.40 answered to `config_dump_paths` (a static cluster
+    /// that splits, one that does not, one without outlier detection), and
+    /// to a resource with no cluster matching.
+    #[test]
+    fn the_config_dump_says_which_clusters_split_local_origin_errors() {
+        let dump = br#"{
+ "configs": [
+  {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump.StaticCluster",
+   "cluster": {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", "name": "backend",
+    "outlier_detection": {"split_external_local_origin_errors": true, "consecutive_local_origin_failure": 10}}},
+  {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump.StaticCluster",
+   "cluster": {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", "name": "plain",
+    "outlier_detection": {"consecutive_5xx": 5}}},
+  {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump.StaticCluster",
+   "cluster": {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", "name": "none"}}
+ ]
+}"#;
+        let split = parse_config_dump(dump).unwrap();
+        assert_eq!(
+            split.into_iter().collect::<Vec<_>>(),
+            [("backend".to_string(), true), ("plain".to_string(), false)]
+        );
+        assert!(parse_config_dump(b"{}").unwrap().is_empty());
+        assert!(parse_config_dump(b"cluster::outlier::x").is_err());
     }
 }

@@ -802,7 +802,12 @@ mod tests {
                         b"backend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.1:80::weight::3\nbackend::[::1]:80::health_flags::/failed_active_hc\n",
                         |_| true,
                     ),
-                    outlier_detection: ["backend".to_string()].into_iter().collect(),
+                    outlier_detection: [(
+                        "backend".to_string(),
+                        super::super::membership::OutlierDetection::Split,
+                    )]
+                    .into_iter()
+                    .collect(),
                 }
                 .encode(),
             ),

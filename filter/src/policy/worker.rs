@@ -7,7 +7,7 @@
 //! shared memory and refreshes the cached hedge delays from the window all
 //! workers fill together.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::backend_latency::{backend_quantile, primary_cut_short};
@@ -21,7 +21,10 @@ use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, BudgetState, HedgeDelay,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
-use super::membership::{admin_path, parse_admin_clusters, parse_outlier_detection, Membership};
+use super::membership::{
+    admin_path, config_dump_paths, parse_admin_clusters, parse_config_dump,
+    parse_outlier_detection, Member, Membership, OutlierDetection,
+};
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
     cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore,
@@ -241,9 +244,10 @@ pub struct ClusterState {
     override_check: OverrideCheck,
     /// This worker's armed requests still running (see `timeouts`).
     armed: ArmedRequests,
-    /// Envoy runs outlier detection on the cluster, as its admin interface
-    /// last said (`None`: not known, taken as yes).
-    outlier_detection: Option<bool>,
+    /// What Envoy's outlier detection on the cluster makes of a hedge's
+    /// timeout, as its admin interface last said (`None`: not known, taken
+    /// as counting it).
+    outlier_detection: Option<OutlierDetection>,
 }
 
 impl ClusterState {
@@ -390,9 +394,13 @@ impl ClusterState {
 
     /// Whether armed requests are paced for outlier detection's sake
     /// (`timeouts`): as configured (`outlier_pacing`), unless Envoy's admin
-    /// interface says the cluster has no outlier detection to spare.
+    /// interface says the cluster's outlier detection cannot count a
+    /// hedge's timeout as a failure (none, or local-origin errors not split).
     fn pacing(&self) -> bool {
-        self.policy.outlier_pacing && self.outlier_detection != Some(false)
+        self.policy.outlier_pacing
+            && self
+                .outlier_detection
+                .map_or(true, OutlierDetection::counts_timeouts)
     }
 
     /// Books a plan made for this cluster: the request earns its share of
@@ -501,6 +509,20 @@ struct AdminReads {
     next_try_ms: u64,
     /// The last read this worker made failed (logged once until one works).
     failing: bool,
+    /// A read past its `/clusters` answer, waiting for the configuration
+    /// dumps that say which clusters split local-origin errors.
+    pending: Option<PendingRead>,
+    /// The last configuration dump failed (logged once until one works).
+    dump_failing: bool,
+}
+
+/// A read of the admin interface between its answers.
+#[derive(Debug, Default)]
+struct PendingRead {
+    clusters: BTreeMap<String, Vec<Member>>,
+    outlier_detection: BTreeMap<String, OutlierDetection>,
+    /// The configuration dumps still to read, the next first.
+    dumps: Vec<String>,
 }
 
 /// A route whose metadata (`filter_metadata.adaptive_hedge`) overrides its
@@ -1099,21 +1121,62 @@ impl Worker {
         self.admin.membership = value;
         self.admin.in_flight_since_ms = Some(now_ms);
         self.admin.asked = asked;
+        self.admin.pending = None;
         Some(path)
     }
 
-    /// The read `claim_admin_read` asked for answered (`Ok`: the body of a
-    /// 200) or failed (why): what it says goes to shared memory for every
-    /// worker's next look.
+    /// An answer to the read `claim_admin_read` asked for (`Ok`: the body of
+    /// a 200) or its failure (why). The `/clusters` answer comes first; if
+    /// it shows clusters with outlier detection, the configuration dumps
+    /// follow (the path of the next one to GET is returned), which say
+    /// whether each splits local-origin errors. Then what the read says
+    /// goes to shared memory for every worker's next look.
     pub fn admin_read_done(
         &mut self,
         now_ms: u64,
         result: Result<&[u8], String>,
         store: &dyn SharedStore,
         log: &mut dyn Logger,
-    ) {
-        self.admin.in_flight_since_ms = None;
+    ) -> Option<String> {
         let cluster = self.config.admin_cluster.clone();
+        if let Some(mut pending) = self.admin.pending.take() {
+            match result.and_then(parse_config_dump) {
+                Ok(split) => {
+                    for (name, split) in split {
+                        if let Some(o) = pending.outlier_detection.get_mut(&name) {
+                            *o = if split {
+                                OutlierDetection::Split
+                            } else {
+                                OutlierDetection::Unsplit
+                            };
+                        }
+                    }
+                    if !pending.dumps.is_empty() {
+                        let next = pending.dumps.remove(0);
+                        self.admin.pending = Some(pending);
+                        return Some(next);
+                    }
+                    if std::mem::replace(&mut self.admin.dump_failing, false) {
+                        log.log(
+                            Level::Info,
+                            &format!("Envoy's configuration dump read again through cluster \"{cluster}\""),
+                        );
+                    }
+                }
+                Err(why) => {
+                    // the clusters' split stays unknown (paced), the rest holds
+                    if !std::mem::replace(&mut self.admin.dump_failing, true) {
+                        log.log(
+                            Level::Warn,
+                            &format!("cannot read Envoy's configuration dump through cluster \"{cluster}\": {why}; clusters with outlier detection stay paced until a read works"),
+                        );
+                    }
+                }
+            }
+            self.store_admin_read(now_ms, pending, store, log);
+            return None;
+        }
+        self.admin.in_flight_since_ms = None;
         let asked = std::mem::take(&mut self.admin.asked);
         let read = result.and_then(|body| {
             let wanted = |c: &str| asked.binary_search_by(|a| a.as_str().cmp(c)).is_ok();
@@ -1121,12 +1184,28 @@ impl Worker {
             if clusters.is_empty() {
                 Err(format!("its answer names no host of the {} clusters asked for (is it Envoy's admin interface?)", asked.len()))
             } else {
-                let outlier = parse_outlier_detection(body, |c| clusters.contains_key(c));
-                Ok((clusters, outlier))
+                let outlier_detection =
+                    parse_outlier_detection(body, |c| clusters.contains_key(c));
+                let dumps = config_dump_paths(outlier_detection.keys().map(String::as_str));
+                Ok(PendingRead {
+                    clusters,
+                    outlier_detection,
+                    dumps,
+                })
             }
         });
-        let (clusters, outlier_detection) = match read {
-            Ok(read) => read,
+        match read {
+            Ok(pending) if pending.dumps.is_empty() => {
+                self.store_admin_read(now_ms, pending, store, log);
+                None
+            }
+            Ok(mut pending) => {
+                // the dumps are read in the same claim
+                let first = pending.dumps.remove(0);
+                self.admin.in_flight_since_ms = Some(now_ms);
+                self.admin.pending = Some(pending);
+                Some(first)
+            }
             Err(why) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
@@ -1135,9 +1214,21 @@ impl Worker {
                         &format!("cannot read Envoy's admin interface through cluster \"{cluster}\": {why}; hosts are chosen without Envoy's word on their health and weight until a read works"),
                     );
                 }
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// Writes a finished read to shared memory.
+    fn store_admin_read(
+        &mut self,
+        now_ms: u64,
+        read: PendingRead,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) {
+        self.admin.in_flight_since_ms = None;
+        let cluster = self.config.admin_cluster.clone();
         let update = update_shared(
             store,
             &membership_key(self.geometry),
@@ -1146,8 +1237,8 @@ impl Worker {
             Membership::default,
             |m| {
                 m.read_ms = now_ms;
-                m.clusters = clusters.clone();
-                m.outlier_detection = outlier_detection.clone();
+                m.clusters = read.clusters.clone();
+                m.outlier_detection = read.outlier_detection.clone();
             },
             Membership::encode,
         );
@@ -1443,9 +1534,9 @@ impl Worker {
                 log.log(
                     Level::Info,
                     &if was {
-                        format!("cluster \"{}\": Envoy runs no outlier detection on it (admin interface): outlier pacing off", state.name)
+                        format!("cluster \"{}\": Envoy's outlier detection there does not count a hedge's timeout (none, or local-origin errors not split; admin interface): outlier pacing off", state.name)
                     } else {
-                        format!("cluster \"{}\": outlier detection on it, or Envoy's word on it lost: outlier pacing on", state.name)
+                        format!("cluster \"{}\": Envoy's outlier detection there may count a hedge's timeout, or its word on it is lost: outlier pacing on", state.name)
                     },
                 );
             }
@@ -2689,7 +2780,7 @@ c::h2::weight::1
         // nor does the cluster run outlier detection: nothing to pace for
         assert_eq!(
             log.0,
-            ["cluster \"c\": Envoy runs no outlier detection on it (admin interface): outlier pacing off"]
+            ["cluster \"c\": Envoy's outlier detection there does not count a hedge's timeout (none, or local-origin errors not split; admin interface): outlier pacing off"]
         );
         assert!(!w.cluster(0).unwrap().pacing());
         log.0.clear();
@@ -2711,8 +2802,11 @@ c::h2::weight::1
     }
 
     /// A cluster is paced for outlier detection unless the admin interface
-    /// says it has none (and only while its word is recent); a cluster
-    /// configured without pacing is never paced.
+    /// says a hedge's timeout cannot count there: no outlier detection, or
+    /// one that does not split local-origin errors (the configuration
+    /// dumps, read after `/clusters` when it shows outlier detection); and
+    /// only while its word is recent. A cluster configured without pacing
+    /// is never paced.
     #[test]
     fn outlier_pacing_follows_what_the_admin_interface_says() {
         let store = MemoryStore::default();
@@ -2723,30 +2817,95 @@ c::h2::weight::1
         host_traffic(&mut w, 60, usize::MAX, &mut rr);
         w.sync(T0, &store, &mut log);
         assert!(w.cluster(0).unwrap().pacing(), "not known: paced");
-        let read = |w: &mut Worker, at: u64, text: &[u8], log: &mut Lines| {
+        // a read: `/clusters`, then the dumps it asks for, answered in turn
+        // (`{}` past the answers given); the paths asked
+        let read = |w: &mut Worker,
+                    at: u64,
+                    text: &[u8],
+                    dumps: &[Result<&[u8], String>],
+                    log: &mut Lines| {
             w.claim_admin_read(at, &store).unwrap();
-            w.admin_read_done(at, Ok(text), &store, log);
+            let mut asked = Vec::new();
+            let mut next = w.admin_read_done(at, Ok(text), &store, log);
+            let mut answers = dumps.iter();
+            while let Some(path) = next {
+                asked.push(path);
+                let answer = answers.next().cloned().unwrap_or(Ok(b"{}"));
+                next = w.admin_read_done(at, answer, &store, log);
+            }
             w.sync(at + 1_000, &store, log);
+            asked
+        };
+        let dump = |split: bool| {
+            format!(
+                r#"{{"configs": [{{"cluster": {{"name": "c", "outlier_detection": {{"split_external_local_origin_errors": {split}}}}}}}]}}"#
+            )
         };
         let mut with = b"c::outlier::success_rate_average::-1\n".to_vec();
         with.extend_from_slice(ADMIN_SAYS);
-        read(&mut w, T0, &with, &mut log);
+        let split = dump(true);
+        let asked = read(
+            &mut w,
+            T0,
+            &with,
+            &[Ok(b"{}"), Ok(split.as_bytes())],
+            &mut log,
+        );
+        assert_eq!(asked.len(), 2, "{asked:?}");
+        assert!(asked[0].starts_with("/config_dump?resource=dynamic_active_clusters"));
+        assert!(asked[1].starts_with("/config_dump?resource=static_clusters"));
         assert!(w.cluster(0).unwrap().pacing());
         assert!(log.0.is_empty(), "{:?}", log.0);
-        read(&mut w, T0 + 5_000, ADMIN_SAYS, &mut log);
+        // not split: the 204 spares the hosts
+        let unsplit = dump(false);
+        read(
+            &mut w,
+            T0 + 5_000,
+            &with,
+            &[Ok(unsplit.as_bytes())],
+            &mut log,
+        );
         assert!(!w.cluster(0).unwrap().pacing());
+        assert_eq!(log.0.len(), 1, "{:?}", log.0);
+        assert!(log.0[0].ends_with("outlier pacing off"), "{:?}", log.0);
         // reads that stop: the word goes stale, and the pacing comes back
         w.sync(T0 + 5_000 + 4 * 5_000, &store, &mut log);
         assert!(w.cluster(0).unwrap().pacing());
         assert_eq!(log.0.len(), 2, "{:?}", log.0);
         assert!(log.0[1].ends_with("outlier pacing on"), "{:?}", log.0);
+        // a dump that fails: the split is not known, the cluster paced;
+        // logged once, the rest of the read kept
+        let at = T0 + 30_000;
+        let asked = read(
+            &mut w,
+            at,
+            &with,
+            &[Err("it answered 404".into())],
+            &mut log,
+        );
+        assert_eq!(asked.len(), 1, "a failed dump ends the read");
+        assert!(w.cluster(0).unwrap().pacing());
+        assert_eq!(w.admin.membership.read_ms, at);
+        assert!(w.admin.membership.clusters.contains_key("c"));
+        assert_eq!(log.0.len(), 3, "{:?}", log.0);
+        assert!(log.0[2].contains("cannot read Envoy's configuration dump"));
+        // no outlier detection: no dump asked for, not paced
+        let asked = read(&mut w, at + 5_000, ADMIN_SAYS, &[], &mut log);
+        assert!(asked.is_empty());
+        assert!(!w.cluster(0).unwrap().pacing());
         // off by configuration: never on, nothing logged
         let json = r#"{"min_samples": 10, "admin_cluster": "admin", "outlier_pacing": false}"#;
         let mut w = Worker::new(config(json));
         let mut log = Lines::default();
         host_traffic(&mut w, 60, usize::MAX, &mut rr);
         w.sync(T0, &store, &mut log);
-        read(&mut w, T0 + 10_000, &with, &mut log);
+        read(
+            &mut w,
+            at + 10_000,
+            &with,
+            &[Ok(split.as_bytes())],
+            &mut log,
+        );
         assert!(!w.cluster(0).unwrap().pacing());
         assert!(log.0.is_empty(), "{:?}", log.0);
     }

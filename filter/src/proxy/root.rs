@@ -125,25 +125,7 @@ impl<H: Host> Plugin<H> {
                 worker.stir(now_ns);
                 worker.sync(now_ms, &self.host, &mut host);
                 if let Some(path) = worker.claim_admin_read(now_ms, &self.host) {
-                    let cluster = worker.config().admin_cluster.clone();
-                    // an answer later than the next read is not waited for
-                    let timeout_ms = u32::try_from(worker.config().admin_refresh_ms())
-                        .unwrap_or(u32::MAX)
-                        .min(ADMIN_READ_TIMEOUT_MS);
-                    match self.host.dispatch_get(&cluster, &path, timeout_ms) {
-                        Ok(token) => self.admin_read = Some(token),
-                        Err(status) => worker.admin_read_done(
-                            now_ms,
-                            Err(match status.0 {
-                                // Envoy's answer to an unknown cluster
-                                2 => "dispatch_http_call refused it (status 2: no such cluster?)"
-                                    .to_string(),
-                                other => format!("dispatch_http_call failed (status {other})"),
-                            }),
-                            &self.host,
-                            &mut host,
-                        ),
-                    }
+                    self.admin_read = read_admin(&self.host, &mut worker, now_ms, path);
                 }
                 worker.flush_metrics(&mut host);
             }
@@ -181,12 +163,16 @@ impl<H: Host> Plugin<H> {
             Err(s) => Err(format!("cannot read the answer (status {})", s.0)),
         };
         let mut host = self.host.clone();
-        worker.admin_read_done(
-            now_ns / 1_000_000,
+        let now_ms = now_ns / 1_000_000;
+        let next = worker.admin_read_done(
+            now_ms,
             body.as_deref().map_err(Clone::clone),
             &self.host,
             &mut host,
         );
+        if let Some(path) = next {
+            self.admin_read = read_admin(&self.host, &mut worker, now_ms, path);
+        }
     }
 
     /// The context of a new HTTP stream (without a worker, a downstream one
@@ -203,6 +189,31 @@ impl<H: Host> Plugin<H> {
                 placement,
             )),
         }
+    }
+}
+
+/// GETs `path` through `admin_cluster` for the worker's read of the admin
+/// interface; the token of the call, or `None` once the read is over (a
+/// dispatch that fails is the read's answer, and may ask for the next path).
+fn read_admin<H: Host>(host: &H, worker: &mut Worker, now_ms: u64, path: String) -> Option<u32> {
+    let cluster = worker.config().admin_cluster.clone();
+    // an answer later than the next read is not waited for
+    let timeout_ms = u32::try_from(worker.config().admin_refresh_ms())
+        .unwrap_or(u32::MAX)
+        .min(ADMIN_READ_TIMEOUT_MS);
+    let mut logger = host.clone();
+    let mut path = path;
+    loop {
+        let status = match host.dispatch_get(&cluster, &path, timeout_ms) {
+            Ok(token) => return Some(token),
+            Err(status) => status,
+        };
+        let why = match status.0 {
+            // Envoy's answer to an unknown cluster
+            2 => "dispatch_http_call refused it (status 2: no such cluster?)".to_string(),
+            other => format!("dispatch_http_call failed (status {other})"),
+        };
+        path = worker.admin_read_done(now_ms, Err(why), host, &mut logger)?;
     }
 }
 
@@ -334,6 +345,71 @@ mod tests {
             Some(2)
         );
         assert_eq!(host.stat("adaptive_hedge.admin_reads_total"), Some(1));
+    }
+
+    /// A `/clusters` answer showing outlier detection is followed by the
+    /// configuration dumps (dynamic clusters, then static ones), each sent
+    /// when the one before answered; the read is stored after the last.
+    /// A dump whose dispatch fails ends the read, stored without the split.
+    #[test]
+    fn outlier_detection_is_followed_by_the_configuration_dumps() {
+        let (host, mut plugin) =
+            plugin(r#"{"admin_cluster": "envoy_admin", "admin_refresh": "2s"}"#);
+        tracked_backend(&host, &plugin);
+        plugin.on_tick();
+        let answer = |plugin: &mut Plugin<FakeHost>, token: u32, body: &[u8]| {
+            {
+                let mut s = host.state_mut();
+                s.call_response_headers = vec![(":status".into(), b"200".to_vec())];
+                s.call_response_body = body.to_vec();
+            }
+            plugin.on_http_call_response(token, body.len());
+        };
+        let clusters = b"backend::outlier::success_rate_average::-1\nbackend::10.0.0.1:80::health_flags::healthy\n";
+        answer(&mut plugin, 1, clusters);
+        answer(&mut plugin, 2, b"{}");
+        let paths: Vec<String> = host
+            .state()
+            .dispatched
+            .iter()
+            .map(|d| d.1.clone())
+            .collect();
+        assert_eq!(paths.len(), 3, "{paths:?}");
+        assert!(paths[1].starts_with("/config_dump?resource=dynamic_active_clusters"));
+        assert!(paths[2].starts_with("/config_dump?resource=static_clusters"));
+        let key = crate::policy::shared_state::membership_key(
+            plugin.worker.as_ref().unwrap().borrow().geometry(),
+        );
+        let stored = || {
+            SharedStore::get(&host, &key)
+                .unwrap()
+                .map(|(bytes, _)| crate::policy::membership::Membership::decode(&bytes).unwrap())
+                .unwrap_or_default()
+        };
+        // nothing stored before the last answer
+        assert_eq!(stored().read_ms, 0);
+        answer(
+            &mut plugin,
+            3,
+            br#"{"configs": [{"cluster": {"name": "backend", "outlier_detection": {}}}]}"#,
+        );
+        use crate::policy::membership::OutlierDetection;
+        assert_eq!(
+            stored().outlier_detection.get("backend"),
+            Some(&OutlierDetection::Unsplit)
+        );
+        // the next read: the first dump cannot be sent
+        host.advance_ms(2_000);
+        plugin.on_tick();
+        host.fail("dispatch_get");
+        let now = stored().claimed_ms;
+        answer(&mut plugin, 4, clusters);
+        assert!(host.logged("cannot read Envoy's configuration dump"));
+        assert_eq!(stored().read_ms, now);
+        assert_eq!(
+            stored().outlier_detection.get("backend"),
+            Some(&OutlierDetection::On)
+        );
     }
 
     #[test]
