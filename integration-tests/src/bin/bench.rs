@@ -5,7 +5,8 @@
 //! `bench/plot.py`) PNG charts.
 //!
 //! `BENCH_QUICK=1`: small counts, fewer configurations, no conclusions (a
-//! smoke run for CI). `BENCH_ONLY=virtual` (seconds), `BENCH_ONLY=cost` or
+//! smoke run for CI). `BENCH_ADAPTIVE='{...}'`: the filter so configured
+//! too, beside its defaults. `BENCH_ONLY=virtual` (seconds), `BENCH_ONLY=cost` or
 //! `BENCH_ONLY=instructions` (callgrind):
 //! just that section, printed. `BENCH_SCENARIOS=steady,shift`: only the
 //! real-Envoy scenarios whose names start so (no closed loop, no cost).
@@ -218,6 +219,11 @@ fn proxies(s: &Settings) -> Vec<Proxy> {
             .map(|&d| Proxy::StaticHedge { delay_ms: d }),
     );
     v.push(Proxy::adaptive_defaults());
+    // `BENCH_ADAPTIVE='{...}'`: the filter once more, so configured (beside
+    // the defaults, in the same interleaved runs)
+    if let Ok(plugin_config) = std::env::var("BENCH_ADAPTIVE") {
+        v.push(Proxy::Adaptive { plugin_config });
+    }
     v
 }
 
