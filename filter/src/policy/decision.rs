@@ -118,7 +118,8 @@ pub struct ClusterView<'a> {
     /// The delay is known stale: no request is armed with it.
     pub stale_delay: bool,
     /// Armed requests are paced for outlier detection (`outlier_pacing`,
-    /// unless Envoy says the cluster has none: see `timeouts`).
+    /// unless Envoy says its outlier detection cannot count a hedge's
+    /// timeout there: see `timeouts`).
     pub pacing: bool,
 }
 

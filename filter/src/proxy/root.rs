@@ -195,14 +195,18 @@ impl<H: Host> Plugin<H> {
 /// GETs `path` through `admin_cluster` for the worker's read of the admin
 /// interface; the token of the call, or `None` once the read is over (a
 /// dispatch that fails is the read's answer, and may ask for the next path).
-fn read_admin<H: Host>(host: &H, worker: &mut Worker, now_ms: u64, path: String) -> Option<u32> {
+fn read_admin<H: Host>(
+    host: &H,
+    worker: &mut Worker,
+    now_ms: u64,
+    mut path: String,
+) -> Option<u32> {
     let cluster = worker.config().admin_cluster.clone();
     // an answer later than the next read is not waited for
     let timeout_ms = u32::try_from(worker.config().admin_refresh_ms())
         .unwrap_or(u32::MAX)
         .min(ADMIN_READ_TIMEOUT_MS);
     let mut logger = host.clone();
-    let mut path = path;
     loop {
         let status = match host.dispatch_get(&cluster, &path, timeout_ms) {
             Ok(token) => return Some(token),
