@@ -1152,9 +1152,7 @@ impl Worker {
                         }
                     }
                     if !pending.dumps.is_empty() {
-                        let next = pending.dumps.remove(0);
-                        self.admin.pending = Some(pending);
-                        return Some(next);
+                        return self.go_on_reading(now_ms, pending, store, log);
                     }
                     if std::mem::replace(&mut self.admin.dump_failing, false) {
                         log.log(
@@ -1195,17 +1193,7 @@ impl Worker {
             }
         });
         match read {
-            Ok(pending) if pending.dumps.is_empty() => {
-                self.store_admin_read(now_ms, pending, store, log);
-                None
-            }
-            Ok(mut pending) => {
-                // the dumps are read in the same claim
-                let first = pending.dumps.remove(0);
-                self.admin.in_flight_since_ms = Some(now_ms);
-                self.admin.pending = Some(pending);
-                Some(first)
-            }
+            Ok(pending) => self.go_on_reading(now_ms, pending, store, log),
             Err(why) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
@@ -1217,6 +1205,25 @@ impl Worker {
                 None
             }
         }
+    }
+
+    /// The next configuration dump of `read` to GET (in the same claim), or
+    /// with none left, the read written to shared memory.
+    fn go_on_reading(
+        &mut self,
+        now_ms: u64,
+        mut read: PendingRead,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) -> Option<String> {
+        if read.dumps.is_empty() {
+            self.store_admin_read(now_ms, read, store, log);
+            return None;
+        }
+        let next = read.dumps.remove(0);
+        self.admin.in_flight_since_ms = Some(now_ms);
+        self.admin.pending = Some(read);
+        Some(next)
     }
 
     /// Writes a finished read to shared memory.

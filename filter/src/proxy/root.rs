@@ -298,6 +298,22 @@ mod tests {
         r.on_response_headers(true);
     }
 
+    /// The answer to the HTTP call `token`: `status`, with `body`.
+    fn answer_call(
+        host: &FakeHost,
+        plugin: &mut Plugin<FakeHost>,
+        token: u32,
+        status: &[u8],
+        body: &[u8],
+    ) {
+        {
+            let mut s = host.state_mut();
+            s.call_response_headers = vec![(":status".into(), status.to_vec())];
+            s.call_response_body = body.to_vec();
+        }
+        plugin.on_http_call_response(token, body.len());
+    }
+
     #[test]
     fn the_admin_interface_is_read_on_the_tick_and_its_answer_shared() {
         let (host, mut plugin) =
@@ -317,15 +333,10 @@ mod tests {
         plugin.on_tick();
         assert_eq!(host.state().dispatched.len(), 1);
         let body = b"backend::10.0.0.1:80::health_flags::/failed_outlier_check\n";
-        {
-            let mut s = host.state_mut();
-            s.call_response_headers = vec![(":status".into(), b"200".to_vec())];
-            s.call_response_body = body.to_vec();
-        }
         // an answer to a call the filter did not make changes nothing
-        plugin.on_http_call_response(7, body.len());
+        answer_call(&host, &mut plugin, 7, b"200", body);
         assert_eq!(host.calls_to("http_call_response_header"), 0);
-        plugin.on_http_call_response(1, body.len());
+        answer_call(&host, &mut plugin, 1, b"200", body);
         let key = crate::policy::shared_state::membership_key(
             plugin.worker.as_ref().unwrap().borrow().geometry(),
         );
@@ -362,12 +373,7 @@ mod tests {
         tracked_backend(&host, &plugin);
         plugin.on_tick();
         let answer = |plugin: &mut Plugin<FakeHost>, token: u32, body: &[u8]| {
-            {
-                let mut s = host.state_mut();
-                s.call_response_headers = vec![(":status".into(), b"200".to_vec())];
-                s.call_response_body = body.to_vec();
-            }
-            plugin.on_http_call_response(token, body.len());
+            answer_call(&host, plugin, token, b"200", body)
         };
         let clusters = b"backend::outlier::success_rate_average::-1\nbackend::10.0.0.1:80::health_flags::healthy\n";
         answer(&mut plugin, 1, clusters);
