@@ -60,7 +60,9 @@
 //!   skips addresses it does not know). Every time it was named within a
 //!   tick, while the other named hosts were followed, marks it
 //!   unreachable: not chosen until it answers again. Misses spread over
-//!   most named hosts are the cluster's (it ignores the header). Override picks ignore
+//!   most named hosts are the cluster's (it ignores the header). Once a
+//!   read shows a host missed, its answers are no longer trusted to it
+//!   unread (`doubted`). Override picks ignore
 //!   Envoy's health: an ejected or unhealthy host named in the header still
 //!   gets the request, so the filter must not name it. Outlier detection
 //!   ejects for errors, and errors put a host on probation here at once;
@@ -142,6 +144,10 @@ pub struct Host {
     /// last tick, and those another host answered.
     named: u32,
     missed: u32,
+    /// Another host answered the last time a read showed who answered it
+    /// as the named primary: its single-attempt answers are read, not
+    /// trusted to it, until a read shows it answering again.
+    doubted: bool,
     /// Not in the shared value any more: not chosen; its slot is reused
     /// once nothing in flight names it.
     gone: bool,
@@ -178,6 +184,7 @@ impl Host {
             unreachable: false,
             named: 0,
             missed: 0,
+            doubted: false,
             gone: false,
             timeouts_unanswered: 0,
             timeouts_since_attempt: 0,
@@ -429,7 +436,21 @@ impl Hosts {
         if let Some(h) = self.hosts.get_mut(primary) {
             h.named = h.named.saturating_add(1);
             h.missed = h.missed.saturating_add(u32::from(!followed));
+            h.doubted = !followed;
         }
+    }
+
+    /// Whether an answer after a single attempt naming `id` must be read
+    /// rather than trusted to it: it was missed at the last read, or is
+    /// unreachable. Why: a trusted answer is a sample and clears
+    /// `unreachable`, so the requests still in flight to a removed host
+    /// would make it chosen again, and renew it in the shared value, for
+    /// as long as requests cross the ticks (a CI rehearsal kept one for
+    /// 15 s).
+    pub fn doubted(&self, id: HostId) -> bool {
+        self.hosts
+            .get(id)
+            .map_or(true, |h| h.doubted || h.unreachable)
     }
 
     /// On the tick: the hosts missed every time they were named (at least

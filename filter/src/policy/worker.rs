@@ -854,7 +854,9 @@ impl Worker {
         }
         let winner = match (response.address, pick) {
             (Some(address), _) => state.hosts.find_or_add(address),
-            (None, Some(p)) if response.attempts == Some(1) => Some(p.primary),
+            (None, Some(p)) if response.attempts == Some(1) && !state.hosts.doubted(p.primary) => {
+                Some(p.primary)
+            }
             (None, _) => None,
         };
         let Some(winner) = winner else {
@@ -918,7 +920,8 @@ impl Worker {
     /// (`Hosts::take_override_checks`), while the others are attributed to
     /// the named host without a host call (about 12,500 instructions).
     /// Every other response is read: a hedge's or a retry's winner is not
-    /// known otherwise.
+    /// known otherwise; so is each one naming a host the last read showed
+    /// missed (`Hosts::doubted`).
     pub fn check_address(
         &mut self,
         id: ClusterId,
@@ -928,7 +931,10 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return true;
         };
-        if pick.is_none() || attempts != Some(1) {
+        let Some(pick) = pick.filter(|_| attempts == Some(1)) else {
+            return true;
+        };
+        if state.hosts.doubted(pick.primary) {
             return true;
         }
         let turn = state.address_checks;
@@ -3095,6 +3101,90 @@ c::h2::weight::1
             named_again >= 30,
             "h1 named {named_again} of 300 after answering"
         );
+    }
+
+    /// As the glue reports a single attempt's answer: the address only
+    /// when `check_address` asks for it (otherwise the named host is
+    /// trusted), `actual` being the host Envoy really sent it to.
+    fn answer_as_glue(w: &mut Worker, id: ClusterId, pick: HostPick, actual: &str) {
+        let read = w.check_address(id, Some(pick), Some(1));
+        w.on_host_response(
+            id,
+            Some(pick),
+            HostResponse {
+                address: read.then_some(actual.as_bytes()),
+                latency_us: Some(2000),
+                failed: false,
+                from_upstream: true,
+                attempts: Some(1),
+                per_try_timeout_ms: None,
+            },
+        );
+        w.end_pick(id, pick);
+    }
+
+    /// A host removed from the cluster while requests that named it are
+    /// in flight across ticks (a CI rehearsal kept one for 15 s: the
+    /// responses trusted to the named host without a read gave it samples
+    /// and cleared its `unreachable`, so it was named again and renewed in
+    /// the shared value). Once one read shows it missed, every response
+    /// naming it is read; it stops being named, and the shared value
+    /// forgets it.
+    #[test]
+    fn a_removed_host_is_not_kept_alive_by_answers_trusted_to_it() {
+        // of 40 requests a tick, those from the `answered`-th on are in
+        // flight across the tick (before the fix: all 40 and 20 kept it
+        // named to the end, 10 until tick 13)
+        for answered in [0, 10, 20, 37] {
+            let store = MemoryStore::default();
+            let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+            let mut log = Lines::default();
+            three_known_hosts(&mut w, &store, &mut log);
+            let mut in_flight: Vec<(ClusterId, HostPick, String)> = Vec::new();
+            let mut last_named = None;
+            let ticks = 2 + super::super::hosts::FORGET_MS / 200;
+            for tick in 1..=ticks {
+                for (id, pick, actual) in std::mem::take(&mut in_flight) {
+                    answer_as_glue(&mut w, id, pick, &actual);
+                }
+                for i in 0..40 {
+                    let plan = w.plan(Some(b"c"), None, &GET);
+                    let (Some(id), Some(pick), Some(endpoint)) =
+                        (plan.cluster, plan.hosts, &plan.endpoint)
+                    else {
+                        continue;
+                    };
+                    // Envoy skips h1 and answers from h0
+                    let actual = match primary_of(endpoint) {
+                        "h1" => {
+                            last_named = Some(tick);
+                            "h0"
+                        }
+                        other => other,
+                    }
+                    .to_string();
+                    if i >= answered {
+                        in_flight.push((id, pick, actual));
+                    } else {
+                        answer_as_glue(&mut w, id, pick, &actual);
+                    }
+                }
+                w.sync(T0 + 200 * tick, &store, &mut log);
+            }
+            assert!(
+                last_named.is_some_and(|t| t <= 3),
+                "{answered} answered a tick: h1 last named at tick {last_named:?}"
+            );
+            let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
+            let shared =
+                SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30)))
+                    .unwrap();
+            let mut kept: Vec<&str> = shared.hosts.iter().map(|h| h.address.as_str()).collect();
+            kept.sort();
+            assert_eq!(kept, ["h0", "h2"], "{answered} answered a tick");
+            assert_eq!(w.clusters[0].hosts_summary.tracked, 2);
+            assert!(log.0.is_empty(), "{:?}", log.0);
+        }
     }
 
     /// A primary that lost the race (Envoy's retry of a 5xx the client
