@@ -3132,10 +3132,11 @@ c::h2::weight::1
     /// forgets it.
     #[test]
     fn a_removed_host_is_not_kept_alive_by_answers_trusted_to_it() {
-        // of 40 requests a tick, those from the `answered`-th on are in
-        // flight across the tick (before the fix: all 40 and 20 kept it
-        // named to the end, 10 until tick 13)
-        for answered in [0, 10, 20, 37] {
+        // `per_tick` requests a tick, those from the `answered`-th on in
+        // flight across the tick. Before the fix, 0 and 20 of 40 kept it
+        // named to the end, 30 until tick 13, and at 6 a tick (one read in
+        // four: rarely two reads of it in one tick) it was never marked
+        for (per_tick, answered) in [(40, 0), (40, 20), (40, 30), (40, 37), (6, 6)] {
             let store = MemoryStore::default();
             let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
             let mut log = Lines::default();
@@ -3147,7 +3148,7 @@ c::h2::weight::1
                 for (id, pick, actual) in std::mem::take(&mut in_flight) {
                     answer_as_glue(&mut w, id, pick, &actual);
                 }
-                for i in 0..40 {
+                for i in 0..per_tick {
                     let plan = w.plan(Some(b"c"), None, &GET);
                     let (Some(id), Some(pick), Some(endpoint)) =
                         (plan.cluster, plan.hosts, &plan.endpoint)
@@ -3171,9 +3172,11 @@ c::h2::weight::1
                 }
                 w.sync(T0 + 200 * tick, &store, &mut log);
             }
+            let case = format!("{answered} of {per_tick} answered a tick");
+            eprintln!("{case}: h1 last named at tick {last_named:?}");
             assert!(
-                last_named.is_some_and(|t| t <= 3),
-                "{answered} answered a tick: h1 last named at tick {last_named:?}"
+                last_named.is_some_and(|t| t <= 5),
+                "{case}: h1 last named at tick {last_named:?}"
             );
             let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
             let shared =
@@ -3181,7 +3184,7 @@ c::h2::weight::1
                     .unwrap();
             let mut kept: Vec<&str> = shared.hosts.iter().map(|h| h.address.as_str()).collect();
             kept.sort();
-            assert_eq!(kept, ["h0", "h2"], "{answered} answered a tick");
+            assert_eq!(kept, ["h0", "h2"], "{case}");
             assert_eq!(w.clusters[0].hosts_summary.tracked, 2);
             assert!(log.0.is_empty(), "{:?}", log.0);
         }
