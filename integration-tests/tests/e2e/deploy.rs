@@ -552,14 +552,22 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     // maxRetries in the DestinationRule could only lower it.
     let rule = of_kind(&docs, "DestinationRule")[0];
     assert!(get(rule, "spec.trafficPolicy.connectionPool").is_null());
+    // Outlier detection without the local-origin split: a hedge's timeout
+    // is the 204, no failure, and the plugin (admin_cluster) reads that it
+    // need not hold hedges back there
     assert_eq!(
         get(
             rule,
-            "spec.trafficPolicy.outlierDetection.consecutiveLocalOriginFailures"
+            "spec.trafficPolicy.outlierDetection.consecutive5xxErrors"
         )
         .as_u64(),
-        Some(10)
+        Some(5)
     );
+    assert!(get(
+        rule,
+        "spec.trafficPolicy.outlierDetection.splitExternalLocalOriginErrors"
+    )
+    .is_null());
     // Host choice: the outbound cluster follows the filter's header, and
     // Envoy accepts the patch on a cluster that keeps Istio's lb_policy.
     let host_choice = of_kind(&docs, "EnvoyFilter")

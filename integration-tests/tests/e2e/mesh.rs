@@ -277,9 +277,9 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
     envoy.assert_no_vm_failure();
 }
 
-/// Outlier detection as many meshes have it (5 consecutive 5xx eject a
-/// host, any share of hosts), optionally with the local-origin split the
-/// shipped manifests set (and their 10 local-origin failures in a row).
+/// Outlier detection as many meshes have it, and the shipped manifests (5
+/// consecutive 5xx eject a host, any share of hosts), optionally with the
+/// local-origin split and 10 local-origin failures in a row.
 fn with_outlier_detection(split: bool) -> String {
     format!(
         "    - name: backend\n      type: STATIC\n      connect_timeout: 1s\n      outlier_detection: {{ consecutive_5xx: 5, max_ejection_percent: 100{} }}\n",
@@ -404,7 +404,7 @@ fn reported(report: &str, name: &str) -> u64 {
 /// timeout is no 5xx and resets `consecutive_5xx`, as the attempt's late
 /// 200 would have; with the split it is a local-origin failure whatever
 /// the code, and the filter's pacing (`reason=paced`, a fresh attempt to a
-/// host whose armed attempts fired) keeps a host far from the shipped ten
+/// host whose armed attempts fired) keeps a host far from ten
 /// in a row. Before the 204, measured with `--nocapture`: with outlier
 /// detection's defaults 0 to 3 hosts ejected per run (all 3 in one CI run
 /// of this test, and in every run without the pacing). Asserted: no host
@@ -466,8 +466,8 @@ fn a_cluster_without_outlier_detection_is_not_paced_once_envoy_says_so() {
 /// The config check warns where outlier detection splits local-origin
 /// errors and ejects at fewer than ten of them in a row (Envoy's default
 /// is five), in each form: an Envoy cluster, an Istio DestinationRule, an
-/// Envoy Gateway passive health check. Without the split, or with the
-/// shipped manifests' ten, nothing to say.
+/// Envoy Gateway passive health check. Without the split (the shipped
+/// manifests), or with ten, nothing to say.
 #[test]
 fn the_config_check_warns_of_a_local_origin_split_ejecting_under_ten() {
     use integration_tests::tools::config_check::check;
@@ -495,20 +495,37 @@ fn the_config_check_warns_of_a_local_origin_split_ejecting_under_ten() {
     assert!(warned(
         &split.replace(", consecutive_local_origin_failure: 10", "")
     ));
-    for file in ["istio/wasmplugin.yaml", "gateway/adaptive-hedge.yaml"] {
+    // the shipped manifests do not split; an operator who adds the split
+    // is warned below ten
+    for (file, consecutive) in [
+        ("istio/wasmplugin.yaml", "      consecutive5xxErrors: 5\n"),
+        (
+            "gateway/adaptive-hedge.yaml",
+            "      consecutive5XxErrors: 5\n",
+        ),
+    ] {
         let shipped = read(file);
-        let count = "consecutiveLocalOriginFailures: 10";
-        assert!(shipped.contains(count), "{file}");
+        assert!(shipped.contains(consecutive), "{file}");
+        assert!(
+            !shipped.contains("splitExternalLocalOriginErrors:"),
+            "{file}"
+        );
         assert!(!warned(&shipped), "{file}");
-        assert!(warned(&shipped.replacen(
-            count,
-            "consecutiveLocalOriginFailures: 3",
-            1
-        )));
-        assert!(!warned(&shipped.replacen(
-            "splitExternalLocalOriginErrors: true",
-            "splitExternalLocalOriginErrors: false",
-            1
-        )));
+        let split = |rest: &str| {
+            shipped.replacen(
+                consecutive,
+                &format!("{consecutive}      splitExternalLocalOriginErrors: true\n{rest}"),
+                1,
+            )
+        };
+        assert!(
+            !warned(&split("      consecutiveLocalOriginFailures: 10\n")),
+            "{file}"
+        );
+        assert!(
+            warned(&split("      consecutiveLocalOriginFailures: 3\n")),
+            "{file}"
+        );
+        assert!(warned(&split("")), "{file}");
     }
 }
