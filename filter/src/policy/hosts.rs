@@ -141,8 +141,9 @@ pub struct Host {
     /// Named as a primary and not followed every time within a tick
     /// (Envoy has no such host any more): not chosen until it answers.
     unreachable: bool,
-    /// Single-attempt requests that named it as the primary since the
-    /// last tick, and those another host answered.
+    /// Single-attempt requests that named it as the primary whose answer
+    /// was read since the reads were last judged (or, missed every time,
+    /// since it was last followed), and those another host answered.
     named: u32,
     missed: u32,
     /// Another host answered the last time a read showed who answered it
