@@ -74,12 +74,6 @@ const RECENT_SLICES: u64 = 2;
 /// Of the single-attempt responses to requests whose host the filter
 /// named, one in this many has its host read (`Worker::check_address`).
 pub const ADDRESS_CHECK_EVERY: u32 = 4;
-/// Below this many requests a second to a cluster (on one worker, as of
-/// the last tick), every response has its host read: the reads cost
-/// nothing that matters there, and the checks of a removed host need them
-/// (one read in four at 10 requests a second took 3.5 s and more to tell
-/// a removed host, through Envoy).
-pub const ADDRESS_READ_ALL_BELOW_PER_S: u64 = 100;
 
 /// How often a worker looks at the admin interface's last read in shared
 /// memory (ms): a tick's work, but not every tick's.
@@ -219,8 +213,6 @@ pub struct ClusterState {
     requests_unsynced: u64,
     /// Requests since the last tick (for the budget's exposure cap).
     requests_this_tick: u64,
-    /// Requests in the tick before (`Worker::check_address`).
-    requests_last_tick: u64,
     /// How much later than the delay the per-try timeout is set.
     timer: TimerSlack,
     /// Set while the delay is known stale (see `StaleLatch`).
@@ -277,7 +269,6 @@ impl ClusterState {
             stride: 1,
             requests_unsynced: 0,
             requests_this_tick: 0,
-            requests_last_tick: 0,
             timer: TimerSlack::default(),
             stale: None,
             sent_unsynced: 0,
@@ -930,8 +921,8 @@ impl Worker {
     /// the named host without a host call (about 12,500 instructions).
     /// Every other response is read: a hedge's or a retry's winner is not
     /// known otherwise; so is each one naming a host the last read showed
-    /// missed (`Hosts::doubted`), and every one below
-    /// `ADDRESS_READ_ALL_BELOW_PER_S`.
+    /// missed (`Hosts::doubted`), and the first naming each host in a
+    /// tick (`Hosts::first_read_this_tick`).
     pub fn check_address(
         &mut self,
         id: ClusterId,
@@ -944,14 +935,10 @@ impl Worker {
         let Some(pick) = pick.filter(|_| attempts == Some(1)) else {
             return true;
         };
-        let low_rate = state.requests_last_tick.saturating_mul(1_000_000)
-            < ADDRESS_READ_ALL_BELOW_PER_S.saturating_mul(self.tick_us);
-        if low_rate || state.hosts.doubted(pick.primary) {
-            return true;
-        }
         let turn = state.address_checks;
         state.address_checks = turn.wrapping_add(1);
-        turn % ADDRESS_CHECK_EVERY == 0
+        let first_this_tick = state.hosts.first_read_this_tick(pick.primary, self.ticks);
+        turn % ADDRESS_CHECK_EVERY == 0 || first_this_tick || state.hosts.doubted(pick.primary)
     }
 
     /// A request whose host the filter chose ended.
@@ -1032,7 +1019,6 @@ impl Worker {
                 .hedge_delay
                 .map_or(0, |d| d.delay_us.div_ceil(self.tick_us.max(1)));
             let requests = std::mem::take(&mut c.requests_this_tick);
-            c.requests_last_tick = requests;
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
             c.refusals.tick();
@@ -2741,12 +2727,6 @@ mod tests {
         // a hedged response, or one the filter did not choose: always read
         assert!(w.check_address(0, Some(pick), Some(2)));
         assert!(w.check_address(0, None, Some(1)));
-        // after a tick of 10 requests (50 a second): every one read
-        let mut slow = Worker::new(config(r#"{"min_samples": 10}"#));
-        three_known_hosts(&mut slow, &store, &mut log);
-        traffic(&mut slow, "c", 10, 2000);
-        slow.sync(T0 + 200, &store, &mut log);
-        assert!((0..8).all(|_| slow.check_address(0, Some(pick), Some(1))));
         let cost = |w: &Worker| w.clusters[0].hosts.get(1).unwrap().cost_us();
         let before = cost(&w);
         for _ in 0..50 {
