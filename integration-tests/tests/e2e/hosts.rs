@@ -528,10 +528,10 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
         let removed_at = Instant::now();
         // named until each worker has seen it missed and ticked; then never.
         // Four at a time over as many connections: both workers, at a rate
-        // where one answer in four is read and the rest are trusted to the
-        // named host (below 100 a second per worker every one is read; the
-        // unit tests of `Hosts::take_override_checks` and of the worker
-        // cover the low rates)
+        // where one answer in four is read (and the first naming each host
+        // in a tick) and the rest are trusted to the named host; the unit
+        // tests of `Hosts::take_override_checks` and of the worker cover
+        // the low rates
         let (mut last_named, mut since_last_named, mut requests) = (None, 0, 0);
         let url = envoy.url("/");
         while since_last_named < 500 {
