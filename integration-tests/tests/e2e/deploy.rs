@@ -626,6 +626,26 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     assert_eq!(contexts, ["GATEWAY", "SIDECAR_OUTBOUND"]);
 }
 
+/// Every shipped Istio plugin (sidecar, gateway, waypoint, streaming) names
+/// the bootstrap's cluster to Envoy's admin, which pilot-agent's default
+/// bootstrap has in every proxy it starts: without it the plugin cannot
+/// read that the DestinationRule's outlier detection never counts a hedge's
+/// timeout, and holds hedges back on every cluster.
+#[test]
+fn every_istio_plugin_names_the_bootstrap_admin_cluster() {
+    let docs = istio_documents();
+    let plugins: Vec<&(String, Value)> = docs.iter().filter(|(_, d)| is_our_plugin(d)).collect();
+    assert!(plugins.len() >= 4, "{} plugins", plugins.len());
+    for (file, plugin) in plugins {
+        assert_eq!(
+            get(plugin, "spec.pluginConfig.admin_cluster").as_str(),
+            Some("prometheus_stats"),
+            "{file}: {}",
+            named(file, plugin)
+        );
+    }
+}
+
 #[test]
 fn gateway_manifests_configure_the_filter_and_what_hedging_needs() {
     let docs = yaml_docs(MANIFESTS[1]);
