@@ -582,8 +582,27 @@ impl Envoy {
         lines.join(" ")
     }
 
-    /// CPU time (user + system) Envoy has used so far, in seconds.
+    /// CPU time Envoy has used so far, in seconds: the sum of its threads'
+    /// run time in nanoseconds (`/proc/<pid>/task/*/schedstat`), or, where
+    /// the kernel keeps none, user + system time in clock ticks (10 ms: at
+    /// 1,000 requests a second over 4 s, 2.5 µs a request).
     pub fn cpu_seconds(&self) -> f64 {
+        self.run_time_seconds()
+            .unwrap_or_else(|| self.cpu_ticks_seconds())
+    }
+
+    fn run_time_seconds(&self) -> Option<f64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).ok()?;
+        let mut ns = 0u64;
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        // a kernel without scheduler statistics answers zeros
+        (ns > 0).then_some(ns as f64 / 1e9)
+    }
+
+    fn cpu_ticks_seconds(&self) -> f64 {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
         // fields after the ")" that ends the command name: utime is the 12th, stime the 13th
