@@ -493,7 +493,12 @@ impl Config {
     /// The cluster to read Envoy's admin interface through, if any cluster
     /// would use what it says.
     pub fn admin_cluster(&self) -> Option<&str> {
-        (!self.admin_cluster.is_empty() && self.chooses_hosts()).then_some(&*self.admin_cluster)
+        (!self.admin_cluster.is_empty() && self.reads_admin()).then_some(&*self.admin_cluster)
+    }
+
+    /// Whether any cluster would use what the admin interface says.
+    fn reads_admin(&self) -> bool {
+        self.defaults.reads_admin() || self.clusters.values().any(|p| p.reads_admin())
     }
 
     /// `admin_refresh` in milliseconds.
@@ -525,6 +530,14 @@ impl ClusterPolicy {
                 path == m
             }
         })
+    }
+
+    /// Whether this cluster uses what Envoy's admin interface says: the
+    /// hosts' health and weights for host choice, and whether its outlier
+    /// detection can count a hedge's timeout for outlier pacing (which
+    /// holds back armed requests with or without host choice).
+    pub fn reads_admin(&self) -> bool {
+        self.host_choice || self.outlier_pacing
     }
 
     /// `budget_percent` as a fraction (0.10 for 10%).
@@ -697,9 +710,9 @@ impl Config {
             config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
-        if !config.admin_cluster.is_empty() && !config.chooses_hosts() {
+        if !config.admin_cluster.is_empty() && !config.reads_admin() {
             warnings.push(format!(
-                "admin_cluster \"{}\" is not read: only host choice uses it, and host_choice is false for every cluster",
+                "admin_cluster \"{}\" is not read: only host choice and outlier pacing use it, and both are off for every cluster",
                 config.admin_cluster
             ));
         }

@@ -1067,10 +1067,10 @@ impl Worker {
     /// has claimed (`admin_refresh` after the last claim, by any worker),
     /// for the glue to GET through `admin_cluster`; then `admin_read_done`.
     /// The read asks for the clusters in the shared registry that choose
-    /// their hosts (all workers' clusters; a route with overrides,
-    /// `<cluster>.route.<route>` there, by its cluster), and for this
-    /// worker's own (a route's overrides may choose hosts where its
-    /// cluster does not).
+    /// their hosts or pace for outlier detection (all workers' clusters; a
+    /// route with overrides, `<cluster>.route.<route>` there, by its
+    /// cluster), and for this worker's own (a route's overrides may choose
+    /// hosts where its cluster does not).
     pub fn claim_admin_read(&mut self, now_ms: u64, store: &dyn SharedStore) -> Option<String> {
         self.config.admin_cluster()?;
         let refresh_ms = self.config.admin_refresh_ms();
@@ -1094,12 +1094,12 @@ impl Worker {
             .names
             .iter()
             .map(|n| n.split_once(".route.").map_or(n.as_str(), |(c, _)| c))
-            .filter(|n| self.config.policy_for(n).host_choice)
+            .filter(|n| self.config.policy_for(n).reads_admin())
             .collect();
         names.extend(
             self.clusters
                 .iter()
-                .filter(|c| c.tracking == Tracking::Tracked && c.policy.host_choice)
+                .filter(|c| c.tracking == Tracking::Tracked && c.policy.reads_admin())
                 .map(|c| c.envoy_cluster.as_str()),
         );
         names.sort_unstable();
@@ -2922,16 +2922,42 @@ c::h2::weight::1
         assert!(log.0.is_empty(), "{:?}", log.0);
     }
 
+    /// A waypoint runs without host choice: outlier pacing still holds
+    /// armed requests back there, and still learns from the admin
+    /// interface where it cannot be needed.
     #[test]
-    fn without_host_choice_the_admin_interface_is_not_read() {
+    fn without_host_choice_the_admin_interface_still_turns_needless_pacing_off() {
         let store = MemoryStore::default();
-        let json = r#"{"admin_cluster": "admin", "host_choice": false}"#;
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin", "host_choice": false}"#;
+        let mut w = Worker::new(config(json));
+        let mut log = Lines::default();
+        traffic(&mut w, "c", 10, 2000);
+        w.sync(T0, &store, &mut log);
+        assert!(w.cluster(0).unwrap().pacing());
+        let path = w.claim_admin_read(T0, &store).unwrap();
+        assert_eq!(path, "/clusters?filter=%5E%28%3F%3Ac%29%24");
+        assert_eq!(
+            w.admin_read_done(T0 + 50, Ok(ADMIN_SAYS), &store, &mut log),
+            None
+        );
+        w.sync(T0 + 200, &store, &mut log);
+        assert!(!w.cluster(0).unwrap().pacing());
+        assert_eq!(
+            log.0,
+            ["cluster \"c\": Envoy's outlier detection there does not count a hedge's timeout (none, or local-origin errors not split; admin interface): outlier pacing off"]
+        );
+    }
+
+    #[test]
+    fn without_host_choice_nor_pacing_the_admin_interface_is_not_read() {
+        let store = MemoryStore::default();
+        let json = r#"{"admin_cluster": "admin", "host_choice": false, "outlier_pacing": false}"#;
         let mut w = Worker::new(config(json));
         traffic(&mut w, "c", 10, 2000);
         w.sync(T0, &store, &mut Lines::default());
         assert_eq!(w.claim_admin_read(T0, &store), None);
         // on for one cluster: only that one is asked for
-        let json = r#"{"admin_cluster": "admin", "host_choice": false, "clusters": {"b": {"host_choice": true}}}"#;
+        let json = r#"{"admin_cluster": "admin", "host_choice": false, "outlier_pacing": false, "clusters": {"b": {"host_choice": true}}}"#;
         let mut w = Worker::new(config(json));
         traffic(&mut w, "c", 10, 2000);
         traffic(&mut w, "b", 10, 2000);

@@ -463,6 +463,42 @@ fn a_cluster_without_outlier_detection_is_not_paced_once_envoy_says_so() {
     );
 }
 
+/// Without host choice (an Istio waypoint's plugin), outlier pacing still
+/// holds armed requests back, and the admin interface still tells where it
+/// cannot be needed: the filter reads it and turns pacing off, logging no
+/// warning that the cluster goes unread.
+#[test]
+fn without_host_choice_the_admin_interface_still_turns_pacing_off() {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(
+        r#"{"debug_header": true, "host_choice": false, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#,
+    ))
+    .unwrap();
+    let client = load::client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // each worker (two) logs the change once it has the read
+    while envoy.log().matches("outlier pacing off").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", envoy.log());
+        runtime().block_on(common::warm_up(&client, &envoy, "/", 100, 4));
+    }
+    assert!(
+        envoy
+            .stat("wasmcustom.adaptive_hedge.admin_reads_total")
+            .unwrap_or_default()
+            > 0
+    );
+    assert!(!envoy.log().contains("is not read"), "{}", envoy.log());
+    assert!(envoy.flushed_filter_stat("requests_total", "backend", 1) > 0);
+    let picks = filter_stat_name("host_picks_total", "backend");
+    assert_eq!(
+        envoy.stats().get(&picks).copied().unwrap_or_default(),
+        0,
+        "host choice is off"
+    );
+    envoy.assert_no_vm_failure();
+}
+
 /// The config check warns where outlier detection splits local-origin
 /// errors and ejects at fewer than ten of them in a row (Envoy's default
 /// is five), in each form: an Envoy cluster, an Istio DestinationRule, an
