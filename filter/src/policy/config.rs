@@ -250,6 +250,13 @@ fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     Ok(name)
 }
 
+/// `admin_cluster`'s default: the cluster to Envoy's admin interface that
+/// the bootstraps of Istio's proxies (pilot-agent's template: sidecars,
+/// gateways, waypoints) and of Envoy Gateway's declare. So the filter reads
+/// the hosts' health and the outlier settings there with no configuration;
+/// a plain Envoy without it is simply not read.
+pub const DEFAULT_ADMIN_CLUSTER: &str = "prometheus_stats";
+
 fn admin_cluster_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     if name.len() > MAX_CLUSTER_NAME || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!(
@@ -308,6 +315,10 @@ macro_rules! settings {
             $($(#[$gdoc])* pub $gf: $gt,)*
             /// Things that are allowed but worth a line in the log.
             pub warnings: Vec<String>,
+            /// Whether `admin_cluster` was written in the configuration (its
+            /// default may name no cluster of this Envoy: then nothing is
+            /// wrong, and nothing is said but once).
+            pub admin_cluster_given: bool,
         }
 
         impl Default for Config {
@@ -318,6 +329,7 @@ macro_rules! settings {
                     clusters: HashMap::new(),
                     $($gf: $gdefault,)*
                     warnings: Vec::new(),
+                    admin_cluster_given: false,
                 }
             }
         }
@@ -471,8 +483,8 @@ settings! {
         log_attribution: bool = false, Ok;
         /// The request header the cluster's `override_host` policy reads.
         host_header: Arc<str> = ENDPOINT_HEADER.into(), host_header_rule;
-        /// A cluster that reaches this Envoy's admin interface: host choice then reads `/clusters` for each host's health and weight, never names a host Envoy would not use, and weighs the rest ("": not read).
-        admin_cluster: Arc<str> = "".into(), admin_cluster_rule;
+        /// A cluster that reaches this Envoy's admin interface: host choice then reads `/clusters` for each host's health and weight, never names a host Envoy would not use, and weighs the rest; outlier pacing reads whether it is needed ("": not read). The default is the one Istio's and Envoy Gateway's bootstraps declare; where Envoy has no such cluster, nothing is read.
+        admin_cluster: Arc<str> = DEFAULT_ADMIN_CLUSTER.into(), admin_cluster_rule;
         /// How often the admin interface is read (by one worker; all share what it read).
         admin_refresh: TextDuration = millis(5_000),
             |r| duration_within(r, Duration::from_secs(1), Duration::from_secs(60));
@@ -679,6 +691,7 @@ impl Config {
         if defaults.disabled {
             warnings.push("\"disabled\": true at the top level turns hedging off for every cluster without an override".into());
         }
+        config.admin_cluster_given = raw.admin_cluster.is_some();
         raw.apply_globals(&mut config)?;
         let slice = *config.window / SLICES as u32;
         if *config.sync_interval > slice {
@@ -710,7 +723,7 @@ impl Config {
             config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
-        if !config.admin_cluster.is_empty() && !config.reads_admin() {
+        if config.admin_cluster_given && !config.admin_cluster.is_empty() && !config.reads_admin() {
             warnings.push(format!(
                 "admin_cluster \"{}\" is not read: only host choice and outlier pacing use it, and both are off for every cluster",
                 config.admin_cluster
@@ -797,6 +810,34 @@ mod tests {
         let explicit = Config::parse(br#"{"role": "downstream", "percentile": 0.95}"#).unwrap();
         assert_eq!(explicit.role, Role::Downstream);
         assert_eq!(explicit.defaults.percentile, 0.95);
+    }
+
+    /// The admin interface is looked for through the mesh bootstraps'
+    /// cluster unless the configuration says otherwise ("" for none);
+    /// only a name written there is warned about when nothing reads it.
+    #[test]
+    fn the_admin_cluster_defaults_to_the_mesh_bootstraps_one() {
+        let zero = Config::parse(b"{}").unwrap();
+        assert_eq!(zero.admin_cluster(), Some(DEFAULT_ADMIN_CLUSTER));
+        assert!(!zero.admin_cluster_given);
+        let none = Config::parse(br#"{"admin_cluster": ""}"#).unwrap();
+        assert_eq!(none.admin_cluster(), None);
+        assert!(none.admin_cluster_given);
+        let named = Config::parse(br#"{"admin_cluster": "envoy_admin"}"#).unwrap();
+        assert_eq!(named.admin_cluster(), Some("envoy_admin"));
+        let off = br#"{"host_choice": false, "outlier_pacing": false}"#;
+        let unread = Config::parse(off).unwrap();
+        assert_eq!(unread.admin_cluster(), None);
+        assert!(unread.warnings.is_empty(), "{:?}", unread.warnings);
+        let written = Config::parse(
+            br#"{"host_choice": false, "outlier_pacing": false, "admin_cluster": "a"}"#,
+        )
+        .unwrap();
+        assert!(
+            written.warnings.iter().any(|w| w.contains("is not read")),
+            "{:?}",
+            written.warnings
+        );
     }
 
     #[test]

@@ -492,6 +492,10 @@ pub struct Worker {
     admin: AdminReads,
 }
 
+/// How long a worker waits before looking again for an `admin_cluster`
+/// that Envoy did not have (its default, not written in the configuration).
+const ABSENT_ADMIN_RETRY_MS: u64 = 60_000;
+
 /// Reading Envoy's admin interface (`admin_cluster`, `membership`).
 #[derive(Debug, Default)]
 struct AdminReads {
@@ -514,6 +518,8 @@ struct AdminReads {
     pending: Option<PendingRead>,
     /// The last configuration dump failed (logged once until one works).
     dump_failing: bool,
+    /// `admin_cluster`'s default names no cluster of this Envoy (said once).
+    absent: bool,
 }
 
 /// A read of the admin interface between its answers.
@@ -1043,10 +1049,19 @@ impl Worker {
         }
     }
 
+    fn tracks_a_cluster(&self) -> bool {
+        self.clusters
+            .iter()
+            .any(|c| c.tracking == Tracking::Tracked)
+    }
+
     /// The admin interface's last read, from shared memory, at most once
     /// every `MEMBERSHIP_LOOK_MS`, decoded only when it changed.
     fn look_at_membership(&mut self, now_ms: u64, store: &dyn SharedStore) {
-        if self.config.admin_cluster().is_none() || now_ms < self.admin.next_look_ms {
+        if self.config.admin_cluster().is_none()
+            || now_ms < self.admin.next_look_ms
+            || !self.tracks_a_cluster()
+        {
             return;
         }
         self.admin.next_look_ms = now_ms.saturating_add(MEMBERSHIP_LOOK_MS);
@@ -1073,6 +1088,11 @@ impl Worker {
     /// hosts where its cluster does not).
     pub fn claim_admin_read(&mut self, now_ms: u64, store: &dyn SharedStore) -> Option<String> {
         self.config.admin_cluster()?;
+        // a worker that tracks no cluster (none answered yet) leaves shared
+        // memory alone: another worker reads for the clusters it tracks
+        if !self.tracks_a_cluster() {
+            return None;
+        }
         let refresh_ms = self.config.admin_refresh_ms();
         let in_flight = self
             .admin
@@ -1128,6 +1148,23 @@ impl Worker {
         self.admin.asked = asked;
         self.admin.pending = None;
         Some(path)
+    }
+
+    /// Envoy has no cluster by the name `admin_cluster` holds by default
+    /// (not written in the configuration): a plain Envoy need not have
+    /// one. Not a failure: said once, at `Info`, and looked for again
+    /// every `ABSENT_ADMIN_RETRY_MS` (a cluster Envoy may be given later).
+    pub fn admin_cluster_absent(&mut self, now_ms: u64, log: &mut dyn Logger) {
+        self.admin.in_flight_since_ms = None;
+        self.admin.asked.clear();
+        self.admin.pending = None;
+        self.admin.next_try_ms = now_ms.saturating_add(ABSENT_ADMIN_RETRY_MS);
+        if !std::mem::replace(&mut self.admin.absent, true) {
+            log.log(
+                Level::Info,
+                &format!("no cluster \"{}\" to Envoy's admin interface (admin_cluster's default, which Istio's and Envoy Gateway's bootstraps declare): hosts are chosen without Envoy's word on their health and weight, and outlier pacing stays on; name such a cluster in admin_cluster, or set it to \"\"", self.config.admin_cluster),
+            );
+        }
     }
 
     /// An answer to the read `claim_admin_read` asked for (`Ok`: the body of
@@ -1255,6 +1292,7 @@ impl Worker {
             Membership::encode,
         );
         self.metrics.add(WorkerMetric::AdminReads, 1);
+        self.admin.absent = false;
         if let Some(stored) = self.account(update, log, "membership") {
             self.admin.membership = stored.value;
             // the token is not known: the next look decodes the value again

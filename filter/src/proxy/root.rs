@@ -213,7 +213,12 @@ fn read_admin<H: Host>(
             Err(status) => status,
         };
         let why = match status.0 {
-            // Envoy's answer to an unknown cluster
+            // Envoy's answer to an unknown cluster: where the cluster is
+            // only the default's, a plain Envoy without it
+            2 if !worker.config().admin_cluster_given => {
+                worker.admin_cluster_absent(now_ms, &mut logger);
+                return None;
+            }
             2 => "dispatch_http_call refused it (status 2: no such cluster?)".to_string(),
             other => format!("dispatch_http_call failed (status {other})"),
         };
@@ -360,6 +365,75 @@ mod tests {
             Some(2)
         );
         assert_eq!(host.stat("adaptive_hedge.admin_reads_total"), Some(1));
+    }
+
+    /// At zero configuration `admin_cluster` is `prometheus_stats` (Istio's
+    /// and Envoy Gateway's bootstraps have it). A plain Envoy without it
+    /// refuses the call (status 2): one info line per worker, no failure
+    /// counted, looked for again a minute later; once Envoy has it, it is
+    /// read like a configured one.
+    #[test]
+    fn the_default_admin_cluster_is_read_where_envoy_has_it_and_quietly_missed_where_not() {
+        let (host, mut plugin) = plugin("{}");
+        tracked_backend(&host, &plugin);
+        host.fail("dispatch_get");
+        plugin.on_tick();
+        let missing = "no cluster \"prometheus_stats\" to Envoy's admin interface";
+        let said = |host: &FakeHost| {
+            let s = host.state();
+            let lines: Vec<_> = s.log.iter().filter(|(_, l)| l.contains(missing)).collect();
+            assert!(
+                lines.iter().all(|(level, _)| *level == Level::Info),
+                "{lines:?}"
+            );
+            lines.len()
+        };
+        assert_eq!(said(&host), 1);
+        assert!(!host.logged("cannot read"));
+        assert_eq!(
+            host.stat("adaptive_hedge.admin_read_failures_total")
+                .unwrap_or(0),
+            0
+        );
+        // not before a minute, then quietly again
+        host.advance_ms(30_000);
+        plugin.on_tick();
+        assert_eq!(host.calls_to("dispatch_get"), 1);
+        host.advance_ms(31_000);
+        plugin.on_tick();
+        assert_eq!(host.calls_to("dispatch_get"), 2);
+        assert_eq!(said(&host), 1);
+        assert_eq!(
+            host.stat("adaptive_hedge.admin_read_failures_total")
+                .unwrap_or(0),
+            0
+        );
+        // Envoy has the cluster now
+        host.state_mut().failing.clear();
+        host.advance_ms(61_000);
+        plugin.on_tick();
+        let dispatched = host.state().dispatched.clone();
+        assert_eq!(
+            dispatched,
+            [(
+                "prometheus_stats".to_string(),
+                "/clusters?filter=%5E%28%3F%3Abackend%29%24".to_string(),
+                ADMIN_READ_TIMEOUT_MS.min(5_000)
+            )]
+        );
+        // a name written in the configuration that Envoy lacks is a warning
+        let (host, mut plugin) =
+            crate::proxy::fake::plugin(r#"{"admin_cluster": "prometheus_stats"}"#);
+        tracked_backend(&host, &plugin);
+        host.fail("dispatch_get");
+        plugin.on_tick();
+        assert!(
+            host.logged("cannot read Envoy's admin interface through cluster \"prometheus_stats\"")
+        );
+        assert_eq!(
+            host.stat("adaptive_hedge.admin_read_failures_total"),
+            Some(1)
+        );
     }
 
     /// A `/clusters` answer showing outlier detection is followed by the

@@ -499,6 +499,57 @@ fn without_host_choice_the_admin_interface_still_turns_pacing_off() {
     envoy.assert_no_vm_failure();
 }
 
+/// With no `admin_cluster` in its configuration the filter reads Envoy's
+/// admin interface through `prometheus_stats`, the cluster Istio's and
+/// Envoy Gateway's bootstraps declare: envoy.yaml with its admin cluster so
+/// named turns pacing off with nothing configured. Without such a cluster
+/// (envoy.yaml as shipped) each worker says so once, at info level, and no
+/// failure is counted.
+#[test]
+fn unconfigured_the_admin_interface_is_read_where_mesh_bootstraps_put_it() {
+    let m = Latency::reference();
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
+    let client = load::client();
+    // debug_header for warm_up; min_samples to be quick: nothing about the admin interface
+    let plugin = r#"{"debug_header": true, "min_samples": 50}"#;
+    let mesh_like = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .edit("envoy_admin", "prometheus_stats")
+            .plugin_config(plugin),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mesh_like.log().matches("outlier pacing off").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", mesh_like.log());
+        runtime().block_on(common::warm_up(&client, &mesh_like, "/", 100, 4));
+    }
+    assert!(!mesh_like.log().contains("no cluster \"prometheus_stats\""));
+    mesh_like.assert_no_vm_failure();
+    drop(mesh_like);
+
+    let plain =
+        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(plugin)).unwrap();
+    runtime().block_on(common::warm_up(&client, &plain, "/", 100, 4));
+    let log = plain.wait_for_log("no cluster \"prometheus_stats\" to Envoy's admin interface");
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("no cluster \"prometheus_stats\""))
+        .collect();
+    assert!(
+        said.len() <= 2 && said.iter().all(|l| l.contains("[info]")),
+        "{said:?}"
+    );
+    assert!(!log.contains("cannot read"), "{log}");
+    assert!(plain.flushed_filter_stat("requests_total", "backend", 1) > 0);
+    assert_eq!(
+        plain
+            .stat("wasmcustom.adaptive_hedge.admin_read_failures_total")
+            .unwrap_or_default(),
+        0
+    );
+    plain.assert_no_vm_failure();
+}
+
 /// The config check warns where outlier detection splits local-origin
 /// errors and ejects at fewer than ten of them in a row (Envoy's default
 /// is five), in each form: an Envoy cluster, an Istio DestinationRule, an
