@@ -138,8 +138,9 @@ pub struct Host {
     /// Responses attributed to it since the last tick (this worker).
     responses_this_tick: u32,
     pub probation: bool,
-    /// Named as a primary and not followed every time within a tick
-    /// (Envoy has no such host any more): not chosen until it answers.
+    /// Named as a primary and missed every time since the reads were last
+    /// judged (Envoy has no such host any more): not chosen until it
+    /// answers.
     unreachable: bool,
     /// Single-attempt requests that named it as the primary whose answer
     /// was read since the reads were last judged (or, missed every time,

@@ -1088,19 +1088,17 @@ impl Worker {
     /// hosts where its cluster does not).
     pub fn claim_admin_read(&mut self, now_ms: u64, store: &dyn SharedStore) -> Option<String> {
         self.config.admin_cluster()?;
-        // a worker that tracks no cluster (none answered yet) leaves shared
-        // memory alone: another worker reads for the clusters it tracks
-        if !self.tracks_a_cluster() {
-            return None;
-        }
         let refresh_ms = self.config.admin_refresh_ms();
         let in_flight = self
             .admin
             .in_flight_since_ms
             .is_some_and(|since| now_ms.saturating_sub(since) < 2 * refresh_ms);
+        // a worker that tracks no cluster (none answered yet) leaves shared
+        // memory alone: another worker reads for the clusters it tracks
         if in_flight
             || now_ms < self.admin.next_try_ms
             || !self.admin.membership.due(now_ms, refresh_ms)
+            || !self.tracks_a_cluster()
         {
             return None;
         }
