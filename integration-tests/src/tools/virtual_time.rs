@@ -288,6 +288,18 @@ fn address(host: usize) -> String {
     format!("10.0.0.{host}:80")
 }
 
+/// What Envoy's `/clusters` says of the simulated cluster: every host
+/// healthy and of weight 1 (no health checks), and no outlier detector
+/// (Envoy then writes no `outlier::` lines).
+fn admin_clusters(hosts: usize) -> String {
+    (0..hosts)
+        .map(|h| {
+            let a = address(h);
+            format!("backend::{a}::health_flags::healthy\nbackend::{a}::weight::1\n")
+        })
+        .collect()
+}
+
 fn host_of(address: &str) -> Option<usize> {
     address
         .strip_prefix("10.0.0.")?
@@ -411,8 +423,18 @@ pub fn run(
     while let Some(Reverse((t, _, event))) = events.pop() {
         match event {
             Event::Tick => {
+                let now_ms = t0_ms + t / 1000;
                 for w in workers.iter_mut() {
-                    w.sync(t0_ms + t / 1000, &store, &mut log);
+                    w.sync(now_ms, &store, &mut log);
+                    // Envoy's admin interface through `admin_cluster`, as the
+                    // shipped configs and the meshes' bootstraps have it: the
+                    // cluster's hosts, healthy, of equal weight, and no
+                    // outlier detection (answered at once; read by every
+                    // worker from the next tick)
+                    if w.claim_admin_read(now_ms, &store).is_some() {
+                        let body = admin_clusters(scenario.hosts());
+                        w.admin_read_done(now_ms, Ok(body.as_bytes()), &store, &mut log);
+                    }
                 }
                 if let Some(d) = workers
                     .first()

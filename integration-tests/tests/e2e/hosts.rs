@@ -344,7 +344,7 @@ fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
     let envoy = Envoy::start(
         EnvoyOptions::new("envoy.yaml", &ports[..4])
             .plugin_config(
-                r#"{"debug_header": true, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#,
+                r#"{"debug_header": true, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#,
             )
             .four_backend_hosts()
             .edit(

@@ -418,7 +418,7 @@ fn a_brownout_ejects_no_host_with_default_or_shipped_outlier_settings() {
     // with the admin interface read: Envoy says the cluster's outlier
     // detection splits local-origin errors, so it is paced as without the
     // read; unsplit, a timeout is the 204 and nothing is paced
-    let paced = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#;
+    let paced = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#;
     let unpaced = r#"{"debug_header": true, "min_samples": 50, "outlier_pacing": false}"#;
     for (plugin, split) in [(paced, true), (paced, false), (unpaced, false)] {
         let (with, report) = ejections_in_a_brownout("envoy.yaml", Some(plugin), split);
@@ -443,7 +443,7 @@ fn a_brownout_ejects_no_host_with_default_or_shipped_outlier_settings() {
 /// filter hedges through it.
 #[test]
 fn a_cluster_without_outlier_detection_is_not_paced_once_envoy_says_so() {
-    let plugin = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#;
+    let plugin = r#"{"debug_header": true, "min_samples": 50, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#;
     let (envoy, report, paced) = brownout("envoy.yaml", Some(plugin), None);
     assert!(
         !envoy
@@ -472,7 +472,7 @@ fn without_host_choice_the_admin_interface_still_turns_pacing_off() {
     let m = Latency::reference();
     let sim = Simulator::start(vec![m.clone(), m.clone(), m]).unwrap();
     let envoy = Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(
-        r#"{"debug_header": true, "host_choice": false, "min_samples": 50, "admin_cluster": "envoy_admin", "admin_refresh": "1s"}"#,
+        r#"{"debug_header": true, "host_choice": false, "min_samples": 50, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#,
     ))
     .unwrap();
     let client = load::client();
@@ -501,10 +501,10 @@ fn without_host_choice_the_admin_interface_still_turns_pacing_off() {
 
 /// With no `admin_cluster` in its configuration the filter reads Envoy's
 /// admin interface through `prometheus_stats`, the cluster Istio's and
-/// Envoy Gateway's bootstraps declare: envoy.yaml with its admin cluster so
-/// named turns pacing off with nothing configured. Without such a cluster
-/// (envoy.yaml as shipped) each worker says so once, at info level, and no
-/// failure is counted.
+/// Envoy Gateway's bootstraps declare and envoy.yaml ships: pacing turns
+/// off with nothing configured. Without such a cluster (a plain Envoy
+/// whose admin cluster has another name) each worker says so once, at info
+/// level, and no failure is counted.
 #[test]
 fn unconfigured_the_admin_interface_is_read_where_mesh_bootstraps_put_it() {
     let m = Latency::reference();
@@ -512,12 +512,8 @@ fn unconfigured_the_admin_interface_is_read_where_mesh_bootstraps_put_it() {
     let client = load::client();
     // debug_header for warm_up; min_samples to be quick: nothing about the admin interface
     let plugin = r#"{"debug_header": true, "min_samples": 50}"#;
-    let mesh_like = Envoy::start(
-        EnvoyOptions::new("envoy.yaml", sim.ports())
-            .edit("envoy_admin", "prometheus_stats")
-            .plugin_config(plugin),
-    )
-    .unwrap();
+    let mesh_like =
+        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(plugin)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while mesh_like.log().matches("outlier pacing off").count() < 2 {
         assert!(Instant::now() < deadline, "{}", mesh_like.log());
@@ -527,8 +523,12 @@ fn unconfigured_the_admin_interface_is_read_where_mesh_bootstraps_put_it() {
     mesh_like.assert_no_vm_failure();
     drop(mesh_like);
 
-    let plain =
-        Envoy::start(EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(plugin)).unwrap();
+    let plain = Envoy::start(
+        EnvoyOptions::new("envoy.yaml", sim.ports())
+            .edit("prometheus_stats", "envoy_admin")
+            .plugin_config(plugin),
+    )
+    .unwrap();
     runtime().block_on(common::warm_up(&client, &plain, "/", 100, 4));
     let log = plain.wait_for_log("no cluster \"prometheus_stats\" to Envoy's admin interface");
     let said: Vec<&str> = log
