@@ -25,6 +25,58 @@ impl HedgeDelay {
     }
 }
 
+/// How the recent samples were cut short by hedges (see
+/// `uncensored_quantile`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Censoring {
+    /// The per-try timeout the armed requests were armed with (µs).
+    pub at_us: f64,
+    /// The share of the samples whose request was armed, in [0, 1]; the
+    /// rest ran alone (refused by the budget, held back, or in shadow
+    /// mode), their samples whole.
+    pub armed_share: f64,
+}
+
+/// The share of a worker's latency samples whose request was armed, over
+/// about the recent slices: counts halved every slice (on the tick).
+/// Why: requests left unarmed (the budget refused them, the stale latch
+/// held them back) give whole samples, and rebuilding those as if a
+/// hedge had cut them inflates the recent quantile: in virtual time after
+/// a shift up x3 at 500 req/s the delay jumped from about 25 ms to 180-235
+/// ms for a tick at each slice turnover, leaving that tick's stragglers
+/// unhedged.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ArmedShare {
+    armed: f64,
+    sampled: f64,
+}
+
+impl ArmedShare {
+    /// A latency sample was taken of a request, armed or not.
+    pub fn sampled(&mut self, armed: bool) {
+        self.sampled += 1.0;
+        if armed {
+            self.armed += 1.0;
+        }
+    }
+
+    /// On the tick: `decay` is the part of the counts kept.
+    pub fn tick(&mut self, decay: f64) {
+        self.armed *= decay;
+        self.sampled *= decay;
+    }
+
+    /// With no sample yet: 1 (every sample taken as cut, as before any
+    /// count).
+    pub fn share(&self) -> f64 {
+        if self.sampled < 1.0 {
+            1.0
+        } else {
+            (self.armed / self.sampled).clamp(0.0, 1.0)
+        }
+    }
+}
+
 /// What the budget says of the recent guard (see `hedge_delay`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BudgetState {
@@ -60,15 +112,16 @@ pub struct BudgetState {
 /// stragglers would go unhedged. The recent quantile follows the shift
 /// within a slice or two.
 ///
-/// `censored_at_us`: the per-try timeout the recent samples were armed with
-/// (`None` while warming up). A hedged request's sample is the earlier of
-/// the two attempts, so above the delay the samples understate how late
-/// the primaries were; see `uncensored_quantile`.
+/// `censoring`: the per-try timeout the recent samples were armed with
+/// and the share armed (`None` while warming up). A hedged request's
+/// sample is the earlier of the two attempts, so above the delay the
+/// samples understate how late the primaries were; see
+/// `uncensored_quantile`.
 pub fn hedge_delay(
     policy: &ClusterPolicy,
     long: &Sketch,
     recent: &Sketch,
-    censored_at_us: Option<f64>,
+    censoring: Option<Censoring>,
     budget: BudgetState,
 ) -> Option<HedgeDelay> {
     if long.count() < policy.min_samples {
@@ -83,8 +136,8 @@ pub fn hedge_delay(
         // budget pays: they would fall on random requests, stragglers
         // included, so the guard hedges fewer, the latest first
         let guard = guard + (1.0 - guard) * budget.refusal_pressure.clamp(0.0, 0.99);
-        let recent_us = match censored_at_us {
-            Some(d) => uncensored_quantile(recent, guard, d),
+        let recent_us = match censoring {
+            Some(c) => uncensored_quantile(recent, guard, c),
             None => recent.quantile(guard),
         };
         if let Some(recent_us) = recent_us {
@@ -105,7 +158,7 @@ pub fn hedge_delay(
 }
 
 /// The quantile `q` of the latency the primaries had, estimated from
-/// samples whose hedged requests were censored at `censored_at_us` (d).
+/// samples whose hedged requests were censored at `censoring.at_us` (d).
 ///
 /// Why: a hedged request's sample is min(P, d + H), the earlier of the
 /// primary and the hedge. With H an independent draw of the same
@@ -121,18 +174,21 @@ pub fn hedge_delay(
 ///
 /// Samples censored at an earlier, lower delay make the estimate lower
 /// than the truth. Requests that were not armed (refused by the budget,
-/// not censored at all) make it higher: their uncut samples are divided by
-/// the survival of the cut ones. Under heavy refusals the delay can then
-/// jump (to `max_delay` for a tick, seen in virtual time); the refusal
-/// pressure (`budget::RefusalPressure`) keeps refusals rare.
-pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Option<f64> {
+/// held back by the stale latch or the pacing: not censored at all) are
+/// the `1 - armed_share` of the samples whose survival is S(x) itself, so
+/// S(x) = S_samples(x) / (1 - a + a S(x - d)). Taking every sample as cut
+/// divided their whole samples by the survival of the cut ones: under
+/// heavy refusals, or after the stale latch, the delay jumped to
+/// `max_delay` or to the slowest sample for a tick.
+pub fn uncensored_quantile(samples: &Sketch, q: f64, censoring: Censoring) -> Option<f64> {
     let n = samples.count();
     if n == 0 {
         return None;
     }
     let target = 1.0 - q.clamp(0.0, 1.0);
     let survival = survival_points(samples, n);
-    let d = censored_at_us.max(0.0);
+    let d = censoring.at_us.max(0.0);
+    let armed = censoring.armed_share.clamp(0.0, 1.0);
     let mut rebuilt: Vec<(f64, f64)> = Vec::new();
     let mut last = 1.0f64;
     for &(value, observed) in &survival {
@@ -145,8 +201,11 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censored_at_us: f64) -> Opt
             } else {
                 survival_at(&rebuilt, y).unwrap_or(1.0)
             };
-            if below > 0.0 {
-                (observed / below).min(last)
+            // the unarmed share's samples are whole: S_samples(x) =
+            // (1 - a) S(x) + a S(x) S(x - d)
+            let divisor = (1.0 - armed) + armed * below;
+            if divisor > 0.0 {
+                (observed / divisor).min(last)
             } else {
                 last
             }
@@ -462,21 +521,23 @@ mod tests {
         let low = truth / 3.0;
         let seen = hedged_at(low, &draws);
         let naive = seen.quantile(0.92).unwrap();
-        let rebuilt = uncensored_quantile(&seen, 0.92, low).unwrap();
+        let rebuilt = uncensored_quantile(&seen, 0.92, all_armed(low)).unwrap();
         assert!(naive < 0.85 * truth, "naive {naive} truth {truth}");
         assert!(
             (rebuilt / truth - 1.0).abs() < 0.1,
             "rebuilt {rebuilt} truth {truth}"
         );
         // hedged at the p92 itself: nothing to correct
-        let at = uncensored_quantile(&hedged_at(truth, &draws), 0.92, truth).unwrap();
+        let at = uncensored_quantile(&hedged_at(truth, &draws), 0.92, all_armed(truth)).unwrap();
         assert!((at / truth - 1.0).abs() < 0.03, "{at} vs {truth}");
         // never above the truth when the samples were cut lower than said
-        let said_higher = uncensored_quantile(&hedged_at(low, &draws), 0.92, 2.0 * low).unwrap();
+        let said_higher =
+            uncensored_quantile(&hedged_at(low, &draws), 0.92, all_armed(2.0 * low)).unwrap();
         assert!(said_higher <= 1.03 * truth, "{said_higher} vs {truth}");
-        // but above it when some requests were not armed (the budget
-        // refused them): their samples are not cut, and the rebuilding
-        // divides them by the survival of the cut ones
+        // some requests not armed (the budget refused them): their samples
+        // are whole; taken as all cut, the rebuilding divides them by the
+        // survival of the cut ones and overshoots; told the share, it does
+        // not
         let half_armed: Vec<f64> = draws
             .iter()
             .enumerate()
@@ -488,8 +549,50 @@ mod tests {
                 }
             })
             .collect();
-        let mixed = uncensored_quantile(&window_of(&half_armed), 0.92, low).unwrap();
-        assert!(mixed > 1.05 * truth, "{mixed} vs {truth}");
+        let mixed = window_of(&half_armed);
+        let as_if_all = uncensored_quantile(&mixed, 0.92, all_armed(low)).unwrap();
+        assert!(as_if_all > 1.05 * truth, "{as_if_all} vs {truth}");
+        let half = Censoring {
+            at_us: low,
+            armed_share: 0.5,
+        };
+        let told = uncensored_quantile(&mixed, 0.92, half).unwrap();
+        assert!((told / truth - 1.0).abs() < 0.1, "{told} vs {truth}");
+        // none armed (shadow mode, or all held back): the samples as they are
+        let none = Censoring {
+            at_us: low,
+            armed_share: 0.0,
+        };
+        let whole = window_of(&draws.iter().map(|d| d.0).collect::<Vec<_>>());
+        assert_eq!(
+            uncensored_quantile(&whole, 0.92, none),
+            whole.quantile(0.92)
+        );
+    }
+
+    fn all_armed(at_us: f64) -> Censoring {
+        Censoring {
+            at_us,
+            armed_share: 1.0,
+        }
+    }
+
+    /// The share armed follows the recent samples: halved with each tick's
+    /// decay, 1 before any.
+    #[test]
+    fn the_armed_share_follows_the_recent_samples() {
+        let mut share = ArmedShare::default();
+        assert_eq!(share.share(), 1.0);
+        for i in 0..100 {
+            share.sampled(i % 4 == 0);
+        }
+        assert!((share.share() - 0.25).abs() < 1e-9);
+        // a slice later, everything armed: the old counts weigh half
+        share.tick(0.5);
+        for _ in 0..100 {
+            share.sampled(true);
+        }
+        assert!((share.share() - (12.5 + 100.0) / 150.0).abs() < 1e-9);
     }
 
     #[test]

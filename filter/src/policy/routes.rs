@@ -18,7 +18,7 @@
 
 use super::config::ClusterPolicy;
 use super::decision::RouteId;
-use super::hedge_delay::{hedge_delay, BudgetState, HedgeDelay};
+use super::hedge_delay::{hedge_delay, BudgetState, Censoring, HedgeDelay};
 use super::shared_state::{SharedRoute, MAX_ROUTE_NAME};
 use super::sketch::Sketch;
 use super::window::WindowGeometry;
@@ -55,6 +55,9 @@ struct RouteState {
 pub struct RecentTerms {
     pub slices: u64,
     pub cluster_censored_at: Option<f64>,
+    /// The share of the cluster's recent samples that were armed (see
+    /// `hedge_delay::Censoring`).
+    pub armed_share: f64,
     pub budget: BudgetState,
 }
 
@@ -155,14 +158,16 @@ impl Routes {
         let RecentTerms {
             slices: recent_slices,
             cluster_censored_at,
+            armed_share,
             budget,
         } = recent;
         for local in self.routes.iter_mut() {
             local.samples.clear();
-            let censored_at = local
+            let censoring = local
                 .delay
                 .map(|d| d.censoring_point_us())
-                .or(cluster_censored_at);
+                .or(cluster_censored_at)
+                .map(|at_us| Censoring { at_us, armed_share });
             local.delay = shared
                 .iter()
                 .find(|s| s.name == local.name)
@@ -172,7 +177,7 @@ impl Routes {
                         recent_slices,
                         policy.min_samples,
                     );
-                    hedge_delay(policy, &s.long.sketch, &recent, censored_at, budget)
+                    hedge_delay(policy, &s.long.sketch, &recent, censoring, budget)
                 })
                 .map(&adjust);
         }
@@ -202,6 +207,7 @@ mod tests {
     const TERMS: RecentTerms = RecentTerms {
         slices: 2,
         cluster_censored_at: None,
+        armed_share: 1.0,
         budget: BudgetState {
             reserve_fill: 0.0,
             refusal_pressure: 0.0,

@@ -18,7 +18,8 @@ use super::decision::{
     Settlement, Skip,
 };
 use super::hedge_delay::{
-    budget_terms, hedge_delay, hedged_quantile, trigger_quantile, BudgetState, HedgeDelay,
+    budget_terms, hedge_delay, hedged_quantile, trigger_quantile, ArmedShare, BudgetState,
+    Censoring, HedgeDelay,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::membership::{
@@ -201,6 +202,8 @@ pub struct ClusterState {
     /// How hard the budget has been refusing lately (raises the delay's
     /// recent guard).
     refusals: RefusalPressure,
+    /// The share of recent latency samples whose request was armed.
+    armed_share: ArmedShare,
     /// Latencies seen since the last tick, not yet in the shared window.
     samples: Sketch,
     /// Of `samples`, the primaries a hedge cut short.
@@ -258,6 +261,7 @@ impl ClusterState {
             envoy_cluster,
             budget: LocalBudget::new(budget_terms(&policy)),
             refusals: RefusalPressure::default(),
+            armed_share: ArmedShare::default(),
             policy,
             tracking: Tracking::Pending,
             hedge_delay: None,
@@ -433,6 +437,9 @@ impl ClusterState {
         }
         if plan.sample {
             self.samples_this_tick += 1;
+            // a shadow's sample is whole: nothing cut it short
+            self.armed_share
+                .sampled(matches!(&plan.decision, Decision::Arm(a) if !a.shadow));
         }
         if let (Some(deadline), Decision::Arm(a)) = (plan.deadline_ns, &plan.decision) {
             let per_try_ns = a.per_try_timeout_ms.saturating_mul(1_000_000);
@@ -1017,6 +1024,10 @@ impl Worker {
     /// The tick: register new clusters, merge into shared memory, refresh delays.
     pub fn sync(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         self.ticks += 1;
+        // the armed share's counts are halved every slice: about the span
+        // of the recent slices the delay is learned from
+        let armed_share_decay =
+            0.5f64.powf(self.tick_us as f64 / (self.geometry.slice_ms.max(1) as f64 * 1000.0));
         for (level, line) in self.pending_log.drain(..) {
             log.log(level, &line);
         }
@@ -1028,6 +1039,7 @@ impl Worker {
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
             c.refusals.tick();
+            c.armed_share.tick(armed_share_decay);
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
             c.population_this_tick = 0;
@@ -1541,11 +1553,15 @@ impl Worker {
         state.timer.tick(planned);
         // the recent samples were hedged at the per-try timeout in force
         let censored_at = state.hedge_delay.map(|d| d.censoring_point_us());
+        let censoring = censored_at.map(|at_us| Censoring {
+            at_us,
+            armed_share: state.armed_share.share(),
+        });
         state.hedge_delay = hedge_delay(
             &state.policy,
             &shared.value.long.sketch,
             &recent,
-            censored_at,
+            censoring,
             state.budget_state(),
         )
         .map(|d| state.timer.apply(d, &state.policy));
@@ -1609,6 +1625,7 @@ impl Worker {
             RecentTerms {
                 slices: RECENT_SLICES,
                 cluster_censored_at: censored_at,
+                armed_share: state.armed_share.share(),
                 budget,
             },
             |d| timer.apply(d, policy),

@@ -6,7 +6,10 @@
 //! Model of Envoy's hedging: an armed request with delay d whose primary is
 //! still running at d sends one hedge to another host; the response is
 //! min(primary, d + hedge); the loser is cancelled. Two workers share the
-//! store and tick every `sync_interval`, like `--concurrency 2`.
+//! store and tick every `sync_interval`, like `--concurrency 2`. Envoy's
+//! admin interface answers the filter's reads (`admin_cluster`) as Envoy
+//! does for the simulated cluster: hosts healthy, weight 1, no outlier
+//! detector (`"admin_cluster": ""` in the plugin config: no such cluster).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
