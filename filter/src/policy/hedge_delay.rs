@@ -89,6 +89,10 @@ pub struct BudgetState {
     pub refusal_pressure: f64,
 }
 
+/// Whole samples a new regime needs before its quantile counts (see
+/// `hedge_delay`): at the default p92 guard, the third-slowest of 40.
+pub const REGIME_SAMPLES: u64 = 40;
+
 /// The delay to arm requests with; `None` while the long horizon holds
 /// fewer than `min_samples` (still warming up).
 ///
@@ -117,12 +121,21 @@ pub struct BudgetState {
 /// sample is the earlier of the two attempts, so above the delay the
 /// samples understate how late the primaries were; see
 /// `uncensored_quantile`.
+///
+/// `regime`: samples of a regime the recent slices have not caught up
+/// with (`worker::NewRegime`: the responses since the delay was found
+/// stale), and how the few armed before were cut short; taken at the same
+/// guard once they hold `REGIME_SAMPLES`. Why:
+/// the recent slices still hold seconds of the old regime after a shift
+/// up; their quantile climbs a few ms a tick, and every delay on the way
+/// is stale.
 pub fn hedge_delay(
     policy: &ClusterPolicy,
     long: &Sketch,
     recent: &Sketch,
     censoring: Option<Censoring>,
     budget: BudgetState,
+    regime: Option<(&Sketch, Censoring)>,
 ) -> Option<HedgeDelay> {
     if long.count() < policy.min_samples {
         return None;
@@ -142,6 +155,12 @@ pub fn hedge_delay(
         };
         if let Some(recent_us) = recent_us {
             quantile_us = quantile_us.max(recent_us);
+        }
+        if let Some(regime_us) = regime
+            .filter(|(r, _)| r.count() >= REGIME_SAMPLES)
+            .and_then(|(r, c)| uncensored_quantile(r, guard, c))
+        {
+            quantile_us = quantile_us.max(regime_us);
         }
     }
     let min_us = policy.min_delay.as_micros() as f64;
@@ -350,7 +369,14 @@ mod tests {
     /// The delay from the long horizon alone: no recent slices, no
     /// censoring, a budget with nothing refused.
     fn long_horizon_delay(policy: &ClusterPolicy, long: &Sketch) -> Option<HedgeDelay> {
-        hedge_delay(policy, long, &Sketch::new(), None, BudgetState::default())
+        hedge_delay(
+            policy,
+            long,
+            &Sketch::new(),
+            None,
+            BudgetState::default(),
+            None,
+        )
     }
 
     #[test]
@@ -388,6 +414,7 @@ mod tests {
             &window_of(&slow),
             None,
             BudgetState::default(),
+            None,
         )
         .unwrap()
         .delay_us as f64;
@@ -403,6 +430,7 @@ mod tests {
             &window_of(&fast),
             None,
             BudgetState::default(),
+            None,
         )
         .unwrap()
         .delay_us as f64;
@@ -417,10 +445,47 @@ mod tests {
             &window_of(&slow[..49]),
             None,
             BudgetState::default(),
+            None,
         )
         .unwrap()
         .delay_us as f64;
         assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
+    }
+
+    /// The responses a stale latch gathered set the delay at once, at the
+    /// recent guard, once there are `REGIME_SAMPLES` of them: fewer are
+    /// too few to read a p92 from.
+    #[test]
+    fn a_new_regime_sets_the_delay_once_it_holds_enough_samples() {
+        let policy = policy(50);
+        let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p92 9.2 ms
+        let slow: Vec<f64> = (1..=REGIME_SAMPLES).map(|i| i as f64 * 750.0).collect(); // p92 27.6 ms
+        let delay = |regime: &[f64]| {
+            hedge_delay(
+                &policy,
+                &window_of(&old),
+                &window_of(&old),
+                None,
+                BudgetState::default(),
+                Some((
+                    &window_of(regime),
+                    Censoring {
+                        at_us: 10_000.0,
+                        armed_share: 0.0,
+                    },
+                )),
+            )
+            .unwrap()
+            .delay_us as f64
+        };
+        let few = delay(&slow[1..]);
+        assert!((few / 9_200.0 - 1.0).abs() < 0.03, "{few}");
+        let enough = delay(&slow);
+        assert!((enough / 27_750.0 - 1.0).abs() < 0.03, "{enough}");
+        // a faster regime never lowers the delay
+        let fast: Vec<f64> = slow.iter().map(|v| v / 10.0).collect();
+        let floor = delay(&fast);
+        assert!((floor / 9_200.0 - 1.0).abs() < 0.03, "{floor}");
     }
 
     /// With the reserve full, the recent guard lets the delay stay at the
@@ -453,6 +518,7 @@ mod tests {
                     reserve_fill: fill,
                     refusal_pressure: 0.0,
                 },
+                None,
             )
             .unwrap()
             .delay_us as f64

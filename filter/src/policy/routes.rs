@@ -177,7 +177,7 @@ impl Routes {
                         recent_slices,
                         policy.min_samples,
                     );
-                    hedge_delay(policy, &s.long.sketch, &recent, censoring, budget)
+                    hedge_delay(policy, &s.long.sketch, &recent, censoring, budget, None)
                 })
                 .map(&adjust);
         }

@@ -19,7 +19,7 @@ use super::decision::{
 };
 use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, ArmedShare, BudgetState,
-    Censoring, HedgeDelay,
+    Censoring, HedgeDelay, REGIME_SAMPLES,
 };
 use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::membership::{
@@ -220,6 +220,9 @@ pub struct ClusterState {
     timer: TimerSlack,
     /// Set while the delay is known stale (see `StaleLatch`).
     stale: Option<StaleLatch>,
+    /// The latency a latch found, until the recent slices hold it (see
+    /// `NewRegime`).
+    regime: Option<NewRegime>,
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
     reset_logged: bool,
@@ -275,6 +278,7 @@ impl ClusterState {
             requests_this_tick: 0,
             timer: TimerSlack::default(),
             stale: None,
+            regime: None,
             sent_unsynced: 0,
             shadow_p99_microseconds: None,
             latency_quantiles_us: [0; 3],
@@ -311,6 +315,7 @@ impl ClusterState {
         self.backend_quantiles_us = [0; 3];
         self.shared_bytes = 0;
         self.routes = Routes::default();
+        self.regime = None;
     }
 
     /// An eligible request, armed or refused, for the refusal pressure;
@@ -697,6 +702,10 @@ impl Worker {
                 .hedge_delay
                 .filter(|d| d.per_try_timeout_ms < max_ms)
                 .map(StaleLatch::new);
+            // a regime that is stale in turn: the latch learns the next
+            if state.stale.is_some() {
+                state.regime = None;
+            }
             // at max_delay nothing is latched, and the reading goes on: outlier
             // pacing keeps reading the brownout as stale
             if state.stale.is_some() {
@@ -842,6 +851,9 @@ impl Worker {
         if let Some(state) = self.clusters.get_mut(id) {
             if let Some(latch) = state.stale.as_mut() {
                 latch.observe(latency_us);
+            }
+            if let Some(regime) = state.regime.as_mut() {
+                regime.observe(latency_us);
             }
             state.samples.add(latency_us as f64);
             if let Some(route) = route {
@@ -990,6 +1002,9 @@ impl Worker {
             state
                 .armed
                 .ended(deadline, attempts, ended, &mut state.hosts);
+        }
+        if let (Some(latch), false) = (state.stale.as_mut(), settlement.shadow) {
+            latch.armed = latch.armed.saturating_add(1);
         }
         let reserved = settlement.hedges;
         let extra = match attempts {
@@ -1557,18 +1572,35 @@ impl Worker {
             at_us,
             armed_share: state.armed_share.share(),
         });
+        let epoch = self.geometry.epoch(now_ms);
+        if state
+            .regime
+            .as_mut()
+            .is_some_and(|r| r.over(epoch, planned))
+        {
+            state.regime = None;
+        }
+        let regime = match (&state.stale, &state.regime) {
+            (Some(latch), _) => Some(latch.regime()),
+            (None, Some(r)) => Some((&r.since, r.censoring)),
+            (None, None) => None,
+        };
         state.hedge_delay = hedge_delay(
             &state.policy,
             &shared.value.long.sketch,
             &recent,
             censoring,
             state.budget_state(),
+            regime,
         )
         .map(|d| state.timer.apply(d, &state.policy));
         let max_ms = state.policy.max_delay_ms();
         if let Some(latch) = state.stale.as_mut() {
             if latch.released(state.hedge_delay, planned, max_ms) {
-                state.stale = None;
+                state.regime = state
+                    .stale
+                    .take()
+                    .and_then(|l| NewRegime::after(l, epoch + RECENT_SLICES, planned));
             }
         }
         state.shadow_p99_microseconds = match (state.policy.mode, state.hedge_delay) {
@@ -1811,6 +1843,12 @@ struct StaleLatch {
     responses: u32,
     above: u32,
     ticks: u32,
+    /// The responses' latencies: samples of the new regime, which the
+    /// delay follows at once (`hedge_delay`'s `regime`). Nothing is armed
+    /// while latched, so they are whole but for those of requests armed
+    /// before (`armed` of them), cut short at the stale delay.
+    since: Sketch,
+    armed: u32,
 }
 
 const RELEASE_RESPONSES: u32 = 20;
@@ -1824,7 +1862,19 @@ impl StaleLatch {
             responses: 0,
             above: 0,
             ticks: 0,
+            since: Sketch::new(),
+            armed: 0,
         }
+    }
+
+    /// The samples since, and how they were cut short.
+    fn regime(&self) -> (&Sketch, Censoring) {
+        let share = f64::from(self.armed) / f64::from(self.responses.max(1));
+        let censoring = Censoring {
+            at_us: self.per_try_ms as f64 * 1000.0,
+            armed_share: share.clamp(0.0, 1.0),
+        };
+        (&self.since, censoring)
     }
 
     fn observe(&mut self, latency_us: u64) {
@@ -1832,6 +1882,13 @@ impl StaleLatch {
         if latency_us > self.per_try_ms.saturating_mul(1000) {
             self.above = self.above.saturating_add(1);
         }
+        self.since.add(latency_us as f64);
+    }
+
+    /// Whether the responses since show the latency back under the stale
+    /// delay.
+    fn latency_back(&self, planned: f64) -> bool {
+        latency_back(self.responses, self.above, planned)
     }
 
     /// On the tick, with the delay just learned: whether arming may go on
@@ -1841,9 +1898,80 @@ impl StaleLatch {
         let caught_up = learned.is_some_and(|d| {
             d.per_try_timeout_ms > self.per_try_ms || d.per_try_timeout_ms >= max_ms
         });
-        let back = self.responses >= RELEASE_RESPONSES
-            && f64::from(self.above) < 3.0 * planned * f64::from(self.responses);
-        caught_up || back || self.ticks >= MAX_LATCH_TICKS
+        caught_up || self.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
+    }
+}
+
+/// Whether `responses` of which `above` outlived a stale delay show the
+/// latency back under it: at least `RELEASE_RESPONSES` of them, fewer than
+/// three times the planned share above it.
+fn latency_back(responses: u32, above: u32, planned: f64) -> bool {
+    responses >= RELEASE_RESPONSES && f64::from(above) < 3.0 * planned * f64::from(responses)
+}
+
+/// The latency a stale latch found, kept as a floor under the delay until
+/// the recent slices hold only the new regime.
+///
+/// Why: once the latch's responses set the delay, the recent slices (the
+/// current one and the one before) still hold up to two slices of the old,
+/// faster regime. Without the floor the delay fell back to their quantile
+/// the next tick, stale again: in virtual time after a shift up x3 at 500
+/// req/s the delay climbed 10, 12, 13 ... 16 ms over two seconds toward the
+/// new p92 (28 ms), the latch set and released on each step, half of the
+/// armed requests hedged, and the budget then refused most requests for
+/// two seconds, the stragglers among them.
+///
+/// It ends when the recent slices have turned over (`until_epoch`), or when
+/// responses show the latency back under the delay the latch found stale
+/// (the slow spell ended: an outage), as the latch itself would.
+#[derive(Debug)]
+struct NewRegime {
+    since: Sketch,
+    censoring: Censoring,
+    until_epoch: u64,
+    /// The stale per-try timeout (ms), and the responses since the last
+    /// judgement and how many outlived it.
+    stale_per_try_ms: u64,
+    responses: u32,
+    above: u32,
+}
+
+impl NewRegime {
+    /// The regime `latch` found, if it learned one (not a stall that passed).
+    fn after(latch: StaleLatch, until_epoch: u64, planned: f64) -> Option<Self> {
+        if latch.since.count() < REGIME_SAMPLES || latch.latency_back(planned) {
+            return None;
+        }
+        let (_, censoring) = latch.regime();
+        Some(NewRegime {
+            censoring,
+            since: latch.since,
+            until_epoch,
+            stale_per_try_ms: latch.per_try_ms,
+            responses: 0,
+            above: 0,
+        })
+    }
+
+    fn observe(&mut self, latency_us: u64) {
+        self.responses = self.responses.saturating_add(1);
+        if latency_us > self.stale_per_try_ms.saturating_mul(1000) {
+            self.above = self.above.saturating_add(1);
+        }
+    }
+
+    /// On the tick (`epoch`: the window's slice now): whether it is over.
+    fn over(&mut self, epoch: u64, planned: f64) -> bool {
+        if epoch >= self.until_epoch {
+            return true;
+        }
+        if self.responses < RELEASE_RESPONSES {
+            return false;
+        }
+        let back = latency_back(self.responses, self.above, planned);
+        self.responses = 0;
+        self.above = 0;
+        back
     }
 }
 
@@ -2203,6 +2331,52 @@ mod tests {
 
         let mut latch = StaleLatch::new(at(10));
         assert!(latch.released(Some(at(10)), planned, 10), "at max_delay");
+    }
+
+    /// What a latch learned floors the delay until the recent slices turn
+    /// over, or until responses show the latency back under the stale
+    /// delay; a latch that learned too little, or saw a stall pass, leaves
+    /// no floor.
+    #[test]
+    fn a_new_regime_lasts_until_the_recent_slices_turn_over_or_latency_comes_back() {
+        let at = |ms| HedgeDelay {
+            delay_us: ms * 1000,
+            per_try_timeout_ms: ms,
+        };
+        let planned = 0.08;
+        let latch = |slow: u64, fast: u64| {
+            let mut latch = StaleLatch::new(at(10));
+            for i in 0..slow + fast {
+                latch.observe(if i < slow { 30_000 } else { 3_000 });
+            }
+            latch
+        };
+        assert!(NewRegime::after(latch(REGIME_SAMPLES - 1, 0), 7, planned).is_none());
+        assert!(
+            NewRegime::after(latch(4, REGIME_SAMPLES), 7, planned).is_none(),
+            "a stall that passed"
+        );
+        let mut slow = latch(REGIME_SAMPLES, 0);
+        slow.armed = 10;
+        let mut regime = NewRegime::after(slow, 7, planned).unwrap();
+        assert_eq!(regime.since.count(), REGIME_SAMPLES);
+        // a quarter of the responses were armed before the latch: cut short
+        assert_eq!(regime.censoring.armed_share, 0.25);
+        assert_eq!(regime.censoring.at_us, 10_000.0);
+        assert!(!regime.over(5, planned), "no responses yet");
+        for _ in 0..RELEASE_RESPONSES {
+            regime.observe(30_000);
+        }
+        assert!(!regime.over(6, planned), "still slow");
+        assert!(regime.over(7, planned), "the recent slices turned over");
+
+        let mut regime = NewRegime::after(latch(REGIME_SAMPLES, 0), 7, planned).unwrap();
+        for i in 0..RELEASE_RESPONSES - 1 {
+            regime.observe(if i < 4 { 30_000 } else { 3_000 });
+        }
+        assert!(!regime.over(5, planned), "19 responses");
+        regime.observe(3_000);
+        assert!(regime.over(5, planned), "4 of 20 above: back");
     }
 
     #[test]
