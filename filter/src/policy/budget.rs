@@ -5,8 +5,8 @@
 //! Per request (worker-local, no shared memory):
 //! - every request to the cluster earns `share` tokens (0.1 for a 10% budget),
 //!   while the worker holds less than `burst` free tokens;
-//! - arming sets aside the hedge's expected cost (`set_aside`: 0.08 of a
-//!   token when the delay is the p92), not a whole token: most armed requests
+//! - arming sets aside the hedge's expected cost (`set_aside`: 0.06 of a
+//!   token when the delay is the p94), not a whole token: most armed requests
 //!   finish before their delay;
 //! - once the delay of a request armed in some tick has passed (checked on
 //!   the ticks), a request of that tick still running has sent its hedge:

@@ -90,7 +90,7 @@ pub struct BudgetState {
 }
 
 /// Whole samples a new regime needs before its quantile counts (see
-/// `hedge_delay`): at the default p92 guard, the third-slowest of 40.
+/// `hedge_delay`): at the default p94 guard, the third-slowest of 40.
 pub const REGIME_SAMPLES: u64 = 40;
 
 /// The delay to arm requests with; `None` while the long horizon holds
@@ -288,7 +288,7 @@ pub fn hedged_quantile(samples: &Sketch, delay_us: f64, q: f64) -> Option<f64> {
 }
 
 /// Of the budget, the share the delay plans to spend (see `trigger_quantile`).
-pub const PLANNED_BUDGET_SHARE: f64 = 0.8;
+pub const PLANNED_BUDGET_SHARE: f64 = 0.6;
 
 /// The quantile the delay is taken at: `percentile`, or higher when the
 /// budget cannot pay for that many hedges. Why: hedging after the p90 plans a
@@ -296,8 +296,14 @@ pub const PLANNED_BUDGET_SHARE: f64 = 0.8;
 /// the token balance random-walks to zero under ordinary noise, and the
 /// refusals then fall on random requests, stragglers included (on real Envoy
 /// this cost more p99 than a static delay at the same load). Planning to
-/// spend at most 80% of the budget keeps refusals rare: with the defaults
-/// (p90, 10%) the delay is the p92.
+/// spend at most 60% of the budget keeps refusals rare and leaves the rest
+/// to save for when latency rises: with the defaults (p90, 10%) the delay
+/// is the p94. At 80% (the p92) the generated workloads saw refusals on
+/// most shifts and outages (workload 97's p99 4.9 times the best fixed
+/// delay's with 15% of eligible requests refused; 0.99 and 0.1% at 60%);
+/// 60% was better than 80% on two independent draws of 120 workloads
+/// (docs/evaluation.md), and kept the reference workload at the frontier
+/// where 50% (the p95) did not.
 pub fn trigger_quantile(policy: &ClusterPolicy) -> f64 {
     let affordable = 1.0 - PLANNED_BUDGET_SHARE * policy.budget_share();
     policy.percentile.max(affordable).min(1.0)
@@ -533,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn the_delay_plans_to_spend_at_most_80_percent_of_the_budget() {
+    fn the_delay_plans_to_spend_at_most_60_percent_of_the_budget() {
         let at = |percentile, budget_percent| {
             trigger_quantile(&ClusterPolicy {
                 percentile,
@@ -541,21 +547,21 @@ mod tests {
                 ..Default::default()
             })
         };
-        // p90 with a 10% budget would plan to spend all of it: p92.
-        assert!((at(0.9, 10.0) - 0.92).abs() < 1e-9);
-        assert!((at(0.9, 5.0) - 0.96).abs() < 1e-9);
+        // p90 with a 10% budget would plan to spend all of it: p94.
+        assert!((at(0.9, 10.0) - 0.94).abs() < 1e-9);
+        assert!((at(0.9, 5.0) - 0.97).abs() < 1e-9);
         // A budget that affords the percentile leaves it alone.
         assert!((at(0.95, 10.0) - 0.95).abs() < 1e-9);
         assert!((at(0.9, 50.0) - 0.9).abs() < 1e-9);
 
-        // Defaults, 0.1..10 ms uniform: the delay is the p92.
+        // Defaults, 0.1..10 ms uniform: the delay is the p94.
         let policy = ClusterPolicy {
             min_samples: 10,
             ..Default::default()
         };
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect();
         let d = long_horizon_delay(&policy, &window_of(&values)).unwrap();
-        assert!((d.delay_us as f64 / 9_200.0 - 1.0).abs() < 0.02, "{d:?}");
+        assert!((d.delay_us as f64 / 9_400.0 - 1.0).abs() < 0.02, "{d:?}");
     }
 
     /// Samples as a filter hedging at `d` sees them: min(P, d + H).
@@ -674,7 +680,7 @@ mod tests {
         let terms = budget_terms(&ClusterPolicy::default());
         assert_eq!(terms.share, 100_000);
         assert_eq!(terms.burst, 10_000_000);
-        assert_eq!(terms.set_aside, 80_000, "1 - p92");
+        assert_eq!(terms.set_aside, 60_000, "1 - p94");
         let high = budget_terms(&ClusterPolicy {
             percentile: 0.999,
             ..Default::default()

@@ -159,7 +159,7 @@ const FIRE_RATE_WEIGHT: f64 = 0.1;
 
 /// The delay is stale (a brownout) when the recent fire rate is past three
 /// times what the delay plans, and at least this (the default delay, the
-/// p92, plans 8%)...
+/// p94, plans 6%)...
 const STALE_MIN: f64 = 0.25;
 /// ... and only while the latest armed requests all fired, at least this
 /// many in a row. Why: in a brownout no armed request ends before its

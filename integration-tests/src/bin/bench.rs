@@ -771,7 +771,11 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(if s.quick { 24 } else { 120 });
     let scale = if s.quick { 0.25 } else { 1.0 };
-    let seed = 2026;
+    // BENCH_SEED: another draw of workloads, to check a change out of sample
+    let seed = std::env::var("BENCH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2026);
     // BENCH_POLICY: the plugin config judged (zero config by default)
     let plugin_config = std::env::var("BENCH_POLICY").unwrap_or_else(|_| "{}".into());
     // BENCH_TRACE=3,91: how those workloads' runs went, segment by segment
@@ -819,6 +823,10 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         }
     });
     let mut judged = judged.into_inner().unwrap_or_default();
+    if judged.is_empty() {
+        eprintln!("no workload could be judged (see the errors above)");
+        std::process::exit(1);
+    }
     judged.sort_by_key(|j| j.workload.id);
     let p99: Vec<f64> = judged.iter().map(|j| j.p99_ratio()).collect();
     let p999: Vec<f64> = judged.iter().map(|j| j.p999_ratio()).collect();
