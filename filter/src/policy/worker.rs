@@ -1822,10 +1822,14 @@ impl TimerSlack {
 /// tell at once (their primaries fire one after the other:
 /// `ArmedRequests::clearly_stale`), so from then on no request is armed
 /// (`Skip::StaleDelay`) until one of:
-/// - the delay learned on a tick is longer than the stale one: the window
-///   has begun to learn the slower latency (if the new delay is still
-///   stale, its requests fire in a row too, and the latch is set again at
-///   it, for the cost of the requests armed within one delay);
+/// - the delay learned on a tick is longer than the stale one, and the
+///   latch has seen `REGIME_SAMPLES` responses: the delay is then the new
+///   regime's (`NewRegime`). Before, a delay a millisecond longer
+///   released it: the recent slices' quantile climbs a millisecond or two
+///   a tick, and each step was stale again (set again at it, for the cost
+///   of the requests armed within one delay), so at the p94 the latch
+///   never saw its 40 responses and the delay climbed 11, 12, 14 ... 16 ms
+///   after a shift up x3 toward the new p94 of about 30 ms;
 /// - responses since show the latency back (at least `RELEASE_RESPONSES`
 ///   of them, fewer than three times the planned share above the stale
 ///   delay): a stall that passed;
@@ -1896,7 +1900,8 @@ impl StaleLatch {
     fn released(&mut self, learned: Option<HedgeDelay>, planned: f64, max_ms: u64) -> bool {
         self.ticks = self.ticks.saturating_add(1);
         let caught_up = learned.is_some_and(|d| {
-            d.per_try_timeout_ms > self.per_try_ms || d.per_try_timeout_ms >= max_ms
+            (d.per_try_timeout_ms > self.per_try_ms && self.since.count() >= REGIME_SAMPLES)
+                || d.per_try_timeout_ms >= max_ms
         });
         caught_up || self.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
     }
@@ -2289,9 +2294,9 @@ mod tests {
     }
 
     /// A latch on a stale 10 ms delay: released when the learned delay is
-    /// longer, or when 20 responses since came mostly in time, or
-    /// after 50 ticks; not while the responses are slow and the delay has
-    /// not moved.
+    /// longer once 40 responses came, or when 20 responses since came
+    /// mostly in time, or after 50 ticks; not while the responses are slow
+    /// and the delay has not moved.
     #[test]
     fn a_stale_latch_holds_until_the_delay_catches_up_or_latency_comes_back() {
         let at = |ms| HedgeDelay {
@@ -2300,6 +2305,13 @@ mod tests {
         };
         let planned = 0.08;
         let mut latch = StaleLatch::new(at(10));
+        for _ in 1..REGIME_SAMPLES {
+            latch.observe(40_000);
+        }
+        assert!(
+            !latch.released(Some(at(11)), planned, 1000),
+            "longer, but too few responses to tell how much"
+        );
         for _ in 0..100 {
             latch.observe(40_000);
         }

@@ -696,4 +696,32 @@ mod tests {
         );
         assert!(a.extra_load() <= 0.11, "{}", a.extra_load());
     }
+
+    /// After a shift up x3 (the real bench's: 500 req/s, half-way through
+    /// 16 s) the stale latch learns the new regime from its responses, and
+    /// the delay holds it until the recent slices have turned over: from
+    /// 0.6 s after the shift every tick's delay is at least two thirds of
+    /// the new p94 (about 30 ms). Before, it climbed 10, 12, 13 ... 16 ms
+    /// over two seconds, stale all the way.
+    #[test]
+    fn after_a_shift_up_the_delay_learns_the_new_regime_at_once() {
+        let adaptive = Policy::Adaptive {
+            plugin_config: "{}".into(),
+        };
+        let open = Load::Open { rate: 500.0 };
+        let run = run(&Shift(3.0), &adaptive, open, Length::Seconds(16.0), 1).unwrap();
+        let at = |from: f64, to: f64| {
+            run.delay_timeline
+                .iter()
+                .filter(move |(t, _)| *t >= from && *t <= to)
+                .map(|(_, d)| *d)
+        };
+        let before = at(7.0, 7.8).fold(0.0, f64::max);
+        assert!(before < 12.0, "the delay before the shift: {before} ms");
+        let after = at(8.6, 12.0).fold(f64::MAX, f64::min);
+        assert!(
+            after >= 20.0,
+            "the lowest delay 0.6 to 4 s after: {after} ms"
+        );
+    }
 }
