@@ -86,7 +86,7 @@ fn hedge_goes_to_another_host() {
 
 /// Two clusters, ~2 ms and ~50 ms (25x apart): their learned delays differ
 /// by at least 5x (a slowed VM inflates the fast one most) and each tracks
-/// its own tail (the p92 with the defaults).
+/// its own tail (the p94 with the defaults).
 #[test]
 fn each_cluster_learns_its_own_delay() {
     let fast = lognormal(2.0, 0.5);

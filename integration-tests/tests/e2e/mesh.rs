@@ -261,7 +261,7 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
         get("hedge_delay_microseconds"),
         envoy.filter_stats("backend")
     );
-    // p50 with a 60% budget: about half; the cluster's p92 would be < 10%
+    // p50 with a 60% budget: about half; the cluster's p94 would be < 10%
     assert!(
         sent * 4 >= requests,
         "{sent} hedges for {requests} requests: {}",
