@@ -1841,11 +1841,8 @@ impl TimerSlack {
 /// without the latch.
 #[derive(Debug)]
 struct StaleLatch {
-    /// The per-try timeout found stale (ms).
-    per_try_ms: u64,
-    /// Responses since, and how many took longer than it.
-    responses: u32,
-    above: u32,
+    /// The responses since, against the per-try timeout found stale.
+    tally: StaleTally,
     ticks: u32,
     /// The responses' latencies: samples of the new regime, which the
     /// delay follows at once (`hedge_delay`'s `regime`). Nothing is armed
@@ -1862,9 +1859,7 @@ const MAX_LATCH_TICKS: u32 = 50;
 impl StaleLatch {
     fn new(delay: HedgeDelay) -> Self {
         StaleLatch {
-            per_try_ms: delay.per_try_timeout_ms,
-            responses: 0,
-            above: 0,
+            tally: StaleTally::new(delay.per_try_timeout_ms),
             ticks: 0,
             since: Sketch::new(),
             armed: 0,
@@ -1873,26 +1868,17 @@ impl StaleLatch {
 
     /// The samples since, and how they were cut short.
     fn regime(&self) -> (&Sketch, Censoring) {
-        let share = f64::from(self.armed) / f64::from(self.responses.max(1));
+        let share = f64::from(self.armed) / f64::from(self.tally.responses.max(1));
         let censoring = Censoring {
-            at_us: self.per_try_ms as f64 * 1000.0,
+            at_us: self.tally.per_try_ms as f64 * 1000.0,
             armed_share: share.clamp(0.0, 1.0),
         };
         (&self.since, censoring)
     }
 
     fn observe(&mut self, latency_us: u64) {
-        self.responses = self.responses.saturating_add(1);
-        if latency_us > self.per_try_ms.saturating_mul(1000) {
-            self.above = self.above.saturating_add(1);
-        }
+        self.tally.observe(latency_us);
         self.since.add(latency_us as f64);
-    }
-
-    /// Whether the responses since show the latency back under the stale
-    /// delay.
-    fn latency_back(&self, planned: f64) -> bool {
-        latency_back(self.responses, self.above, planned)
     }
 
     /// On the tick, with the delay just learned: whether arming may go on
@@ -1900,18 +1886,45 @@ impl StaleLatch {
     fn released(&mut self, learned: Option<HedgeDelay>, planned: f64, max_ms: u64) -> bool {
         self.ticks = self.ticks.saturating_add(1);
         let caught_up = learned.is_some_and(|d| {
-            (d.per_try_timeout_ms > self.per_try_ms && self.since.count() >= REGIME_SAMPLES)
+            (d.per_try_timeout_ms > self.tally.per_try_ms && self.since.count() >= REGIME_SAMPLES)
                 || d.per_try_timeout_ms >= max_ms
         });
-        caught_up || self.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
+        caught_up || self.tally.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
     }
 }
 
-/// Whether `responses` of which `above` outlived a stale delay show the
-/// latency back under it: at least `RELEASE_RESPONSES` of them, fewer than
-/// three times the planned share above it.
-fn latency_back(responses: u32, above: u32, planned: f64) -> bool {
-    responses >= RELEASE_RESPONSES && f64::from(above) < 3.0 * planned * f64::from(responses)
+/// Responses counted against a per-try timeout found stale: how many, and
+/// how many took longer.
+#[derive(Debug)]
+struct StaleTally {
+    per_try_ms: u64,
+    responses: u32,
+    above: u32,
+}
+
+impl StaleTally {
+    fn new(per_try_ms: u64) -> Self {
+        StaleTally {
+            per_try_ms,
+            responses: 0,
+            above: 0,
+        }
+    }
+
+    fn observe(&mut self, latency_us: u64) {
+        self.responses = self.responses.saturating_add(1);
+        if latency_us > self.per_try_ms.saturating_mul(1000) {
+            self.above = self.above.saturating_add(1);
+        }
+    }
+
+    /// Whether the responses show the latency back under the stale delay:
+    /// at least `RELEASE_RESPONSES` of them, fewer than three times the
+    /// planned share above it.
+    fn latency_back(&self, planned: f64) -> bool {
+        self.responses >= RELEASE_RESPONSES
+            && f64::from(self.above) < 3.0 * planned * f64::from(self.responses)
+    }
 }
 
 /// The latency a stale latch found, kept as a floor under the delay until
@@ -1934,17 +1947,14 @@ struct NewRegime {
     since: Sketch,
     censoring: Censoring,
     until_epoch: u64,
-    /// The stale per-try timeout (ms), and the responses since the last
-    /// judgement and how many outlived it.
-    stale_per_try_ms: u64,
-    responses: u32,
-    above: u32,
+    /// The responses since the last judgement, against the stale delay.
+    tally: StaleTally,
 }
 
 impl NewRegime {
     /// The regime `latch` found, if it learned one (not a stall that passed).
     fn after(latch: StaleLatch, until_epoch: u64, planned: f64) -> Option<Self> {
-        if latch.since.count() < REGIME_SAMPLES || latch.latency_back(planned) {
+        if latch.since.count() < REGIME_SAMPLES || latch.tally.latency_back(planned) {
             return None;
         }
         let (_, censoring) = latch.regime();
@@ -1952,17 +1962,12 @@ impl NewRegime {
             censoring,
             since: latch.since,
             until_epoch,
-            stale_per_try_ms: latch.per_try_ms,
-            responses: 0,
-            above: 0,
+            tally: StaleTally::new(latch.tally.per_try_ms),
         })
     }
 
     fn observe(&mut self, latency_us: u64) {
-        self.responses = self.responses.saturating_add(1);
-        if latency_us > self.stale_per_try_ms.saturating_mul(1000) {
-            self.above = self.above.saturating_add(1);
-        }
+        self.tally.observe(latency_us);
     }
 
     /// On the tick (`epoch`: the window's slice now): whether it is over.
@@ -1970,12 +1975,11 @@ impl NewRegime {
         if epoch >= self.until_epoch {
             return true;
         }
-        if self.responses < RELEASE_RESPONSES {
+        if self.tally.responses < RELEASE_RESPONSES {
             return false;
         }
-        let back = latency_back(self.responses, self.above, planned);
-        self.responses = 0;
-        self.above = 0;
+        let back = self.tally.latency_back(planned);
+        self.tally = StaleTally::new(self.tally.per_try_ms);
         back
     }
 }
