@@ -151,12 +151,6 @@ impl LocalBudget {
             .clamp(0, i64::from(wanted)) as u32
     }
 
-    /// How many of `wanted` hedges the free tokens pay now if every armed
-    /// hedge not yet charged is sent too: no debt, whatever happens.
-    pub fn affordable_in_full(&self, wanted: u32) -> u32 {
-        (self.free.saturating_sub(self.exposure()) / TOKEN).clamp(0, i64::from(wanted)) as u32
-    }
-
     /// The tick the next armed hedges belong to (their `Settlement`'s).
     pub fn cohort(&self) -> u64 {
         self.now
@@ -392,20 +386,6 @@ mod tests {
             free,
             ..LocalBudget::new(TERMS)
         }
-    }
-
-    /// In full: each armed hedge not yet charged is counted as sent, with
-    /// no exposure cap to go into debt on.
-    #[test]
-    fn in_full_it_affords_only_what_free_tokens_pay_if_every_armed_hedge_is_sent() {
-        let mut b = budget(3 * TOKEN);
-        assert_eq!(b.affordable_in_full(5), 3);
-        b.reserve(2, 1);
-        // 3 - 2 x 0.08 set aside - 2 x 0.92 exposed = 1
-        assert_eq!(b.affordable_in_full(5), 1);
-        b.reserve(1, 1);
-        assert_eq!(b.affordable_in_full(5), 0);
-        assert_eq!(b.affordable(5), 2, "the exposure cap lends the rest");
     }
 
     #[test]

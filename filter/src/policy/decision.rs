@@ -115,26 +115,12 @@ pub struct ClusterView<'a> {
     /// still running, and those it armed (see `timeouts`).
     pub past_delay: usize,
     pub armed: Option<&'a ArmedRequests>,
-    /// Whether the learned delay is known stale (see `Staleness`).
-    pub staleness: Staleness,
+    /// The delay is known stale: no request is armed with it.
+    pub stale_delay: bool,
     /// Armed requests are paced for outlier detection (`outlier_pacing`,
     /// unless Envoy says its outlier detection cannot count a hedge's
     /// timeout there: see `timeouts`).
     pub pacing: bool,
-}
-
-/// Whether the learned delay is known stale (`worker::StaleLatch`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Staleness {
-    #[default]
-    Fresh,
-    /// Stale, and `delay` is the latch's longer one: a request is armed
-    /// only if the free tokens pay every hedge armed so far in full. Why:
-    /// if the longer delay is stale too (a whole cluster far slower, an
-    /// outage) all those hedges are sent; they must not run up a debt.
-    Held,
-    /// Stale: no request is armed.
-    Stale,
 }
 
 /// Everything the filter does with one request.
@@ -597,12 +583,10 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
     };
     // every request armed with it would hedge, on requests all slow alike:
     // the budget is kept for when the delay has caught up
-    let affordable = match cluster.staleness {
-        Staleness::Fresh => cluster.budget.affordable(policy.max_hedges),
-        Staleness::Held => cluster.budget.affordable_in_full(policy.max_hedges),
-        Staleness::Stale => return Decision::Skip(Skip::StaleDelay),
-    };
-    match affordable {
+    if cluster.stale_delay {
+        return Decision::Skip(Skip::StaleDelay);
+    }
+    match cluster.budget.affordable(policy.max_hedges) {
         0 => Decision::Skip(Skip::BudgetExhausted),
         hedges => Decision::Arm(Arming {
             per_try_timeout_ms: delay.per_try_timeout_ms,
@@ -665,7 +649,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
-            staleness: Staleness::Fresh,
+            stale_delay: false,
             pacing: policy.outlier_pacing,
         };
         plan(request, config, Cluster::Tracked(view))
@@ -925,7 +909,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
-            staleness: Staleness::Fresh,
+            stale_delay: false,
             pacing: true,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
@@ -997,7 +981,7 @@ mod tests {
             now_ns: None,
             past_delay: 0,
             armed: None,
-            staleness: Staleness::Fresh,
+            stale_delay: false,
             pacing: policy.outlier_pacing,
         }
     }
@@ -1150,53 +1134,12 @@ mod tests {
         let policy = ClusterPolicy::default();
         let budget = funded(&policy);
         let view = ClusterView {
-            staleness: Staleness::Stale,
+            stale_delay: true,
             ..view_of(&policy, &budget)
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert_eq!(p.decision, Decision::Skip(Skip::StaleDelay));
         assert!(p.sample, "still a latency sample");
-    }
-
-    /// A held delay (the latch's longer one) arms only while the free
-    /// tokens pay for every hedge in full.
-    #[test]
-    fn a_held_delay_arms_only_what_free_tokens_pay_in_full() {
-        let policy = ClusterPolicy::default();
-        let mut budget = LocalBudget::new(budget_terms(&policy));
-        for _ in 0..20 {
-            budget.earn();
-        }
-        // two tokens, both spoken for if two armed hedges are sent
-        budget.reserve(2, 1);
-        fn held<'a>(policy: &'a ClusterPolicy, budget: &'a LocalBudget) -> ClusterView<'a> {
-            ClusterView {
-                staleness: Staleness::Held,
-                ..view_of(policy, budget)
-            }
-        }
-        let fresh = plan(
-            &GET,
-            &Config::default(),
-            Cluster::Tracked(view_of(&policy, &budget)),
-        );
-        assert!(matches!(fresh.decision, Decision::Arm(_)), "{fresh:?}");
-        let decision = plan(
-            &GET,
-            &Config::default(),
-            Cluster::Tracked(held(&policy, &budget)),
-        )
-        .decision;
-        assert_eq!(decision, Decision::Skip(Skip::BudgetExhausted));
-        for _ in 0..10 {
-            budget.earn();
-        }
-        let p = plan(
-            &GET,
-            &Config::default(),
-            Cluster::Tracked(held(&policy, &budget)),
-        );
-        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
     }
 
     /// Without hosts named, a worker arms only while fewer than two of its

@@ -15,7 +15,7 @@ use super::budget::{LocalBudget, RefusalPressure};
 use super::config::{policy_field_kind, ClusterPolicy, Config, Mode};
 use super::decision::{
     self, in_sample_population, Cluster, ClusterId, ClusterView, Decision, Plan, Request, RouteId,
-    Settlement, Skip, Staleness,
+    Settlement, Skip,
 };
 use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, ArmedShare, BudgetState,
@@ -374,22 +374,6 @@ impl ClusterState {
             .or(self.hedge_delay)
     }
 
-    /// The delay a request of `route` is armed with now: while a stale
-    /// latch probes (`StaleLatch::held`), at least the latch's longer delay.
-    fn armed_delay(&self, route: Option<RouteId>) -> Option<HedgeDelay> {
-        let delay = self.route_delay(route);
-        match self.stale.as_ref().and_then(|l| l.held) {
-            Some(held) => delay.map(|d| {
-                if d.per_try_timeout_ms >= held.per_try_timeout_ms {
-                    d
-                } else {
-                    held
-                }
-            }),
-            None => delay,
-        }
-    }
-
     /// `past_delay`: armed requests with a timeout fired (see `timeouts`).
     fn view(
         &self,
@@ -403,7 +387,7 @@ impl ClusterState {
             id,
             route,
             policy: &self.policy,
-            delay: self.armed_delay(route),
+            delay: self.route_delay(route),
             budget: &self.budget,
             sample_turn: self.samples_this_tick < SAMPLES_PER_TICK
                 && self.population_this_tick % self.stride == 0,
@@ -412,11 +396,7 @@ impl ClusterState {
             now_ns,
             past_delay,
             armed: Some(&self.armed),
-            staleness: match &self.stale {
-                None => Staleness::Fresh,
-                Some(latch) if latch.held.is_some() => Staleness::Held,
-                Some(_) => Staleness::Stale,
-            },
+            stale_delay: self.stale.is_some(),
             pacing: self.pacing(),
         }
     }
@@ -716,18 +696,12 @@ impl Worker {
             .filter(|_| max_routes > 0)
             .and_then(|r| state.routes.lookup(r, max_routes));
         let past_delay = now_ns.map_or(0, |now| state.armed.fire(now, &mut state.hosts));
-        if let Some(latch) = state.stale.as_mut().filter(|l| l.held.is_some()) {
-            // the latch's longer delay is stale too: nothing is armed now
-            if state.armed.clearly_stale() {
-                latch.held = None;
-                state.armed.new_reading();
-            }
-        } else if state.stale.is_none() && state.armed.clearly_stale() {
+        if state.stale.is_none() && state.armed.clearly_stale() {
             let max_ms = state.policy.max_delay_ms();
             state.stale = state
                 .hedge_delay
                 .filter(|d| d.per_try_timeout_ms < max_ms)
-                .map(|d| StaleLatch::new(d, max_ms));
+                .map(StaleLatch::new);
             // a regime that is stale in turn: the latch learns the next
             if state.stale.is_some() {
                 state.regime = None;
@@ -1030,7 +1004,7 @@ impl Worker {
                 .ended(deadline, attempts, ended, &mut state.hosts);
         }
         if let (Some(latch), false) = (state.stale.as_mut(), settlement.shadow) {
-            latch.settled_armed(settlement.per_try_timeout_ms);
+            latch.armed = latch.armed.saturating_add(1);
         }
         let reserved = settlement.hedges;
         let extra = match attempts {
@@ -1846,15 +1820,8 @@ impl TimerSlack {
 /// requests all slow alike; the outage's stragglers, which set the hour's
 /// p99, then went unhedged while the debt was repaid. The armed requests
 /// tell at once (their primaries fire one after the other:
-/// `ArmedRequests::clearly_stale`), so from then on requests are armed only
-/// at `HELD_FACTOR` times the stale delay, and only while the free tokens
-/// pay every such hedge in full (`Staleness::Held`); if that is clearly
-/// stale too (an outage), none is armed (`Skip::StaleDelay`). Why not none
-/// at once: the stragglers that come while the latch gathers its responses
-/// went out unhedged; after a shift up x3 at 400 req/s in virtual time they
-/// were a quarter of the slowest 0.1%, and the p999 over 8 runs went from
-/// 124 to 98 ms with them hedged, at the same load. This lasts until one
-/// of:
+/// `ArmedRequests::clearly_stale`), so from then on no request is armed
+/// (`Skip::StaleDelay`) until one of:
 /// - the delay learned on a tick is longer than the stale one, and the
 ///   latch has seen `REGIME_SAMPLES` responses: the delay is then the new
 ///   regime's (`NewRegime`). Before, a delay a millisecond longer
@@ -1883,41 +1850,19 @@ struct StaleLatch {
     /// before (`armed` of them), cut short at the stale delay.
     since: Sketch,
     armed: u32,
-    /// The longer delay requests are armed with while latched, until it
-    /// proves stale in turn (`None` then: nothing is armed).
-    held: Option<HedgeDelay>,
 }
 
 const RELEASE_RESPONSES: u32 = 20;
-/// While latched, requests are armed at this many times the stale delay.
-const HELD_FACTOR: u64 = 4;
 /// Ten seconds at the default 200 ms tick.
 const MAX_LATCH_TICKS: u32 = 50;
 
 impl StaleLatch {
-    fn new(delay: HedgeDelay, max_ms: u64) -> Self {
-        let held_ms = delay
-            .per_try_timeout_ms
-            .saturating_mul(HELD_FACTOR)
-            .min(max_ms.max(1));
+    fn new(delay: HedgeDelay) -> Self {
         StaleLatch {
             tally: StaleTally::new(delay.per_try_timeout_ms),
             ticks: 0,
             since: Sketch::new(),
             armed: 0,
-            held: Some(HedgeDelay {
-                delay_us: held_ms.saturating_mul(1000),
-                per_try_timeout_ms: held_ms,
-            }),
-        }
-    }
-
-    /// An armed request ended while latched: one armed at the stale delay
-    /// (before the latch) was cut short there; one armed at the held delay
-    /// only above it, past the quantiles the regime is read at.
-    fn settled_armed(&mut self, per_try_timeout_ms: u64) {
-        if per_try_timeout_ms <= self.tally.per_try_ms {
-            self.armed = self.armed.saturating_add(1);
         }
     }
 
@@ -2363,7 +2308,7 @@ mod tests {
             per_try_timeout_ms: ms,
         };
         let planned = 0.08;
-        let mut latch = StaleLatch::new(at(10), 1_000);
+        let mut latch = StaleLatch::new(at(10));
         for _ in 1..REGIME_SAMPLES {
             latch.observe(40_000);
         }
@@ -2383,7 +2328,7 @@ mod tests {
             "the window learns"
         );
 
-        let mut latch = StaleLatch::new(at(10), 1_000);
+        let mut latch = StaleLatch::new(at(10));
         for i in 0..19 {
             latch.observe(if i < 2 { 40_000 } else { 3_000 });
         }
@@ -2394,36 +2339,14 @@ mod tests {
             "2 of 20 above: back"
         );
 
-        let mut latch = StaleLatch::new(at(10), 1_000);
+        let mut latch = StaleLatch::new(at(10));
         for _ in 1..MAX_LATCH_TICKS {
             assert!(!latch.released(None, planned, 1000));
         }
         assert!(latch.released(None, planned, 1000), "at most 50 ticks");
 
-        let mut latch = StaleLatch::new(at(10), 1_000);
+        let mut latch = StaleLatch::new(at(10));
         assert!(latch.released(Some(at(10)), planned, 10), "at max_delay");
-    }
-
-    /// A latch arms at four times the delay it found stale (within
-    /// `max_delay`); only the requests armed at the stale delay count as
-    /// cut short there.
-    #[test]
-    fn a_stale_latch_arms_at_four_times_the_stale_delay_and_counts_what_that_cut() {
-        let at = |ms| HedgeDelay {
-            delay_us: ms * 1000,
-            per_try_timeout_ms: ms,
-        };
-        let mut latch = StaleLatch::new(at(10), 1_000);
-        assert_eq!(latch.held, Some(at(40)));
-        assert_eq!(StaleLatch::new(at(10), 25).held, Some(at(25)), "max_delay");
-        latch.settled_armed(10);
-        latch.settled_armed(40);
-        for _ in 0..4 {
-            latch.observe(30_000);
-        }
-        assert_eq!(latch.armed, 1, "the held one is not cut at 10 ms");
-        let (_, censoring) = latch.regime();
-        assert!((censoring.armed_share - 0.25).abs() < 1e-9, "{censoring:?}");
     }
 
     /// What a latch learned floors the delay until the recent slices turn
@@ -2438,7 +2361,7 @@ mod tests {
         };
         let planned = 0.08;
         let latch = |slow: u64, fast: u64| {
-            let mut latch = StaleLatch::new(at(10), 1_000);
+            let mut latch = StaleLatch::new(at(10));
             for i in 0..slow + fast {
                 latch.observe(if i < slow { 30_000 } else { 3_000 });
             }
