@@ -77,11 +77,12 @@ fn stragglers_are_beaten_by_hedges() {
 
 /// What hedging hides, exported: a cache in front of a slow backend (95%
 /// of answers at 20 ms, 5% misses at 200 ms), hedged at zero config.
-/// Clients get a p99 of a hedge's answer (about 45 ms); the backend's own
-/// p99 is a miss's, and the filter's `backend_latency_p99_microseconds`
-/// must be within 5% of the simulated hosts' own p99 (the model's, drawn a
-/// million times): the primaries cut short by a hedge are counted as at
-/// least that slow, not as answers (design.md, "What hedging hides").
+/// Clients get a fifth of the misses at most (a miss reaches them when its
+/// hedge missed too, 0.25%); the backend's own p99 is a miss's, and the
+/// filter's `backend_latency_p99_microseconds` must be within 5% of the
+/// simulated hosts' own p99 (the model's, drawn a million times): the
+/// primaries cut short by a hedge are counted as at least that slow, not
+/// as answers (design.md, "What hedging hides").
 #[test]
 fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
     use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
@@ -111,12 +112,11 @@ fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
     )
     .unwrap();
     let client = load::client();
-    runtime().block_on(async {
+    let run = runtime().block_on(async {
         crate::common::warm_up(&client, &envoy, "/", 300, 8).await;
-        let run =
-            load::closed_loop(&client, &envoy.url("/"), 12, 3000, Duration::from_secs(5)).await;
-        assert_eq!(run.ok(), 3000, "{}", run.summary());
+        load::closed_loop(&client, &envoy.url("/"), 12, 3000, Duration::from_secs(5)).await
     });
+    assert_eq!(run.ok(), 3000, "{}", run.summary());
     // the gauges of a tick after the last response
     let p99 = filter_stat_name("backend_latency_p99_microseconds", "backend");
     let sent = filter_stat_name("hedges_sent_total", "backend");
@@ -124,16 +124,27 @@ fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
         s.get(&p99).is_some_and(|v| *v > 0) && s.get(&sent).is_some_and(|v| *v > 50)
     });
     let backend_us = stats[&p99] as f64;
-    let clients_us = stats[&filter_stat_name("latency_p99_microseconds", "backend")] as f64;
+    let gauge_us = stats[&filter_stat_name("latency_p99_microseconds", "backend")] as f64;
+    let clients_us = run.ms(0.99) * 1000.0;
     println!(
-        "p99: hosts' own {:.1} ms, exported backend {:.1} ms, clients {:.1} ms",
+        "p99: hosts' own {:.1} ms, exported backend {:.1} ms, clients {:.1} ms (the filter's gauge {:.1} ms)",
         truth_us / 1000.0,
         backend_us / 1000.0,
-        clients_us / 1000.0
+        clients_us / 1000.0,
+        gauge_us / 1000.0
     );
+    // Counted, not read off a p99: misses reach clients only when the
+    // hedge missed too (0.25%) or was not sent, so the clients' p99 sits
+    // where about 1% of answers are slow: 48 to 86 ms in runs here, and
+    // the filter's gauge of it (the warm-up's unhedged misses too) once
+    // 197 ms.
+    let misses = run.stragglers_served as f64 / run.ok() as f64;
+    println!("misses served: {:.2}%", misses * 100.0);
     assert!(
-        clients_us < 0.5 * truth_us,
-        "hedging should hide the misses from clients: {}",
+        misses <= 0.01,
+        "hedging should hide the misses from clients: {:.1}% served: {}; {}",
+        misses * 100.0,
+        run.summary(),
         envoy.filter_stats("backend")
     );
     assert!(
