@@ -1881,12 +1881,18 @@ impl StaleLatch {
         self.since.add(latency_us as f64);
     }
 
+    /// Whether its responses are enough to set the delay (`hedge_delay`
+    /// reads them from `REGIME_SAMPLES` on).
+    fn learned_regime(&self) -> bool {
+        self.since.count() >= REGIME_SAMPLES
+    }
+
     /// On the tick, with the delay just learned: whether arming may go on
     /// (`max_ms`: `max_delay`, which the delay cannot pass).
     fn released(&mut self, learned: Option<HedgeDelay>, planned: f64, max_ms: u64) -> bool {
         self.ticks = self.ticks.saturating_add(1);
         let caught_up = learned.is_some_and(|d| {
-            (d.per_try_timeout_ms > self.tally.per_try_ms && self.since.count() >= REGIME_SAMPLES)
+            (d.per_try_timeout_ms > self.tally.per_try_ms && self.learned_regime())
                 || d.per_try_timeout_ms >= max_ms
         });
         caught_up || self.tally.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
@@ -1954,7 +1960,7 @@ struct NewRegime {
 impl NewRegime {
     /// The regime `latch` found, if it learned one (not a stall that passed).
     fn after(latch: StaleLatch, until_epoch: u64, planned: f64) -> Option<Self> {
-        if latch.since.count() < REGIME_SAMPLES || latch.tally.latency_back(planned) {
+        if !latch.learned_regime() || latch.tally.latency_back(planned) {
             return None;
         }
         let (_, censoring) = latch.regime();
