@@ -1343,6 +1343,11 @@ fn exit_if_regressed(regressed: Option<String>) {
     }
 }
 
+/// What a request's decision reads, as one CEL expression: cluster, route,
+/// method, path, content type, and whether an upgrade, a control header or
+/// the host header came from the client.
+const REQUEST_CEL_PROBE: &str = r#"request expr=xds.cluster_name + "|" + xds.route_name + "|" + request.method + "|" + request.path + "|" + ("content-type" in request.headers ? request.headers["content-type"] : "") + "|" + ("upgrade" in request.headers ? "u" : "") + (request.headers.exists(k, k.startsWith("x-envoy-")) ? "c" : "") + ("x-gateway-destination-endpoint" in request.headers ? "e" : "")"#;
+
 /// What each kind of proxy-wasm host call costs Envoy, in instructions:
 /// the do-nothing filter as a probe (`fixtures/noop-filter`) making ten
 /// calls of one kind per request, against the same filter making none.
@@ -1399,6 +1404,27 @@ fn host_calls_section(progress: &(dyn Fn(&str) + Sync)) -> String {
             "response get=:status",
         ),
         ("read one response header (absent)", "response get=x-absent"),
+        (
+            "CEL `xds.cluster_name` (`expr_evaluate`)",
+            "request expr=xds.cluster_name",
+        ),
+        (
+            "CEL cluster and route names in one string",
+            r#"request expr=xds.cluster_name + "|" + xds.route_name"#,
+        ),
+        ("CEL the request header map", "request expr=request.headers"),
+        (
+            "CEL all a request's decision needs in one string",
+            REQUEST_CEL_PROBE,
+        ),
+        (
+            "CEL status and attempt count in one string",
+            r#"response expr=string(response.code) + "|" + string(upstream.request_attempt_count)"#,
+        ),
+        (
+            "CEL status, origin, attempt count and address in one string",
+            r#"response expr=string(response.code) + "|" + response.code_details + "|" + string(upstream.request_attempt_count) + "|" + upstream.address"#,
+        ),
     ];
     let noop = envoy::repo_root().join("build/noop_filter.wasm");
     let (requests, rate) = (500u64, 50.0);
