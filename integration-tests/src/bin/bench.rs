@@ -776,6 +776,16 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2026);
+    // BENCH_DRAW: the same workloads, their requests' latencies drawn
+    // anew: how far chance alone moves the ratios and counts
+    let draw = std::env::var("BENCH_DRAW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let generate = |id| workloads::Workload {
+        draw,
+        ..workloads::Workload::generate(seed, id)
+    };
     // BENCH_POLICY: the plugin config judged (zero config by default)
     let plugin_config = std::env::var("BENCH_POLICY").unwrap_or_else(|_| "{}".into());
     // BENCH_TRACE=3,91: how those workloads' runs went, segment by segment
@@ -784,7 +794,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             .split(',')
             .filter_map(|i| i.trim().parse::<usize>().ok())
         {
-            let w = workloads::Workload::generate(seed, id);
+            let w = generate(id);
             match workloads::trace(&w, &plugin_config, scale) {
                 Ok(t) => println!("{t}"),
                 Err(e) => eprintln!("  workload {id}: {e}"),
@@ -803,7 +813,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
                 if id >= count {
                     return;
                 }
-                let w = workloads::Workload::generate(seed, id);
+                let w = generate(id);
                 match workloads::judge(&w, &plugin_config, scale) {
                     Ok(j) => {
                         if let Ok(mut all) = judged.lock() {
@@ -841,7 +851,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
     let over = |v: &[f64], bound: f64| v.iter().filter(|r| **r > bound).count();
     let mut md = format!(
         "## Generated workloads against the fixed-delay frontier (virtual time)\n\n\
-         {} workloads from seed {seed} (`integration-tests/src/tools/workloads.rs`): latency scale 1 ms to 1 s, 10 to 5,000 req/s (open loop), 3 to 6 hosts, lognormal, bimodal or Pareto bodies with stragglers, and by turns: steady, shifts up and down of x2 to x10, full and partial outages, bad hosts, endpoints of different latency in one cluster, two of these at once. Each runs without hedging, with 16 fixed delays (quantiles p50 to p99.9 of its latency without hedging) and with the policy at zero configuration (10% budget{}; Envoy's admin interface answers the filter's read through `prometheus_stats`, as in every shipped configuration: all hosts healthy, no outlier detection, so no outlier pacing; `BENCH_POLICY='{{\"admin_cluster\": \"\"}}'` judges a plain Envoy without that cluster). The frontier at a load: the lowest p99 (p999) any fixed delay reaches at that extra load or less, linear between sweep points. Ratio = the policy's p99 (p999) / the frontier's at the policy's own extra load: 1.0 is as good as the best fixed delay chosen in hindsight.\n\n\
+         {} workloads from seed {seed}{} (`integration-tests/src/tools/workloads.rs`): latency scale 1 ms to 1 s, 10 to 5,000 req/s (open loop), 3 to 6 hosts, lognormal, bimodal or Pareto bodies with stragglers, and by turns: steady, shifts up and down of x2 to x10, full and partial outages, bad hosts, endpoints of different latency in one cluster, two of these at once. Each runs without hedging, with 16 fixed delays (quantiles p50 to p99.9 of its latency without hedging) and with the policy at zero configuration (10% budget{}; Envoy's admin interface answers the filter's read through `prometheus_stats`, as in every shipped configuration: all hosts healthy, no outlier detection, so no outlier pacing; `BENCH_POLICY='{{\"admin_cluster\": \"\"}}'` judges a plain Envoy without that cluster). The frontier at a load: the lowest p99 (p999) any fixed delay reaches at that extra load or less, linear between sweep points. Ratio = the policy's p99 (p999) / the frontier's at the policy's own extra load: 1.0 is as good as the best fixed delay chosen in hindsight.\n\n\
          | | median | p90 | worst | workloads above 1.05 (p999: 1.10) |\n|---|---|---|---|---|\n\
          | p99 / frontier p99 | {p99_med:.2} | {p99_p90:.2} | {p99_max:.2} | {} of {} |\n\
          | p999 / frontier p999 | {p999_med:.2} | {p999_p90:.2} | {p999_max:.2} | {} of {} |\n\
@@ -851,6 +861,10 @@ fn workloads_section(s: &Settings) -> (String, Value) {
          | p99 / budgeted frontier p99 | {b99_med:.2} | {b99_p90:.2} | {b99_max:.2} | {} of {} |\n\
          | p999 / budgeted frontier p999 | {b999_med:.2} | {b999_p90:.2} | {b999_max:.2} | {} of {} |\n\n",
         judged.len(),
+        match judged.first().map_or(0, |j| j.workload.draw) {
+            0 => String::new(),
+            draw => format!(", their requests' latencies drawn anew (`BENCH_DRAW={draw}`)"),
+        },
         if s.quick { "; each at a quarter of its length (quick)" } else { "" },
         over(&p99, 1.05),
         judged.len(),

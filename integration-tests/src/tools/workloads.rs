@@ -78,6 +78,10 @@ pub struct Workload {
     /// Endpoints behind the cluster: (share of requests, latency multiplier).
     pub endpoints: Vec<(f64, f64)>,
     pub changes: Vec<Change>,
+    /// Which draw of its requests' latencies the runs see (0: the usual
+    /// one). The same workload on another draw tells how much of a
+    /// ratio's move is chance.
+    pub draw: u64,
 }
 
 pub const CATEGORIES: [&str; 8] = [
@@ -221,6 +225,7 @@ impl Workload {
             stragglers,
             endpoints,
             changes,
+            draw: 0,
         }
     }
 
@@ -468,7 +473,7 @@ fn run(w: &Workload, policy: &Policy, requests: u64) -> Result<Outcome, String> 
         policy,
         Load::Open { rate: w.rate },
         Length::Requests(requests),
-        w.id as u64 + 1,
+        (w.id as u64 + 1) ^ w.draw.wrapping_mul(0xD1B5_4A32_D192_ED03),
     )
 }
 
