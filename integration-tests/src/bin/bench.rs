@@ -861,7 +861,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
          | p99 / budgeted frontier p99 | {b99_med:.2} | {b99_p90:.2} | {b99_max:.2} | {} of {} |\n\
          | p999 / budgeted frontier p999 | {b999_med:.2} | {b999_p90:.2} | {b999_max:.2} | {} of {} |\n\n",
         judged.len(),
-        match judged.first().map_or(0, |j| j.workload.draw) {
+        match draw {
             0 => String::new(),
             draw => format!(", their requests' latencies drawn anew (`BENCH_DRAW={draw}`)"),
         },
