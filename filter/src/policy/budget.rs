@@ -151,6 +151,12 @@ impl LocalBudget {
             .clamp(0, i64::from(wanted)) as u32
     }
 
+    /// Fewer than one whole free token: a refusal for want of tokens, not
+    /// for the exposure cap.
+    pub fn short_of_tokens(&self) -> bool {
+        self.free < TOKEN
+    }
+
     /// The tick the next armed hedges belong to (their `Settlement`'s).
     pub fn cohort(&self) -> u64 {
         self.now
@@ -445,11 +451,14 @@ mod tests {
         }
         let armed: Vec<(u32, u64)> = (0..100).map(|_| arm(&mut b, 1)).collect();
         assert_eq!(armed.iter().map(|a| a.0).sum::<u32>(), 20);
+        // the last 80 were refused for the cap, with 18.4 tokens free
+        assert!(!b.short_of_tokens(), "{}", b.free_tokens());
         for (n, cohort) in armed {
             b.settle(cohort, n, n); // a stall: every one of them hedged
         }
         assert!((b.free_tokens() + 10.0).abs() < 1e-9, "{}", b.free_tokens());
         assert_eq!(arm(&mut b, 1).0, 0, "in debt");
+        assert!(b.short_of_tokens());
         for _ in 0..105 {
             b.earn();
         }

@@ -440,7 +440,9 @@ settings! {
         budget_reserve: TextDuration = millis(10_000),
             |r| duration_within(r, Duration::from_secs(1), Duration::from_secs(300));
         min_delay: TextDuration = millis(1), min_delay_rule;
-        max_delay: TextDuration = millis(10_000), max_delay_rule;
+        /// Upper clamp of the delay: the rule's own bound, so that no latency a
+        /// cluster may have is hedged below its learned quantile unasked.
+        max_delay: TextDuration = millis(300_000), max_delay_rule;
         /// Hedges per request (`x-envoy-max-retries`).
         max_hedges: u32 = 1, |n| within(n, 1, 5, " (use \"disabled\": true to turn hedging off)");
         /// Samples the window must hold (all workers together) before hedging.
@@ -918,7 +920,7 @@ mod tests {
             (r#"{"max_delay": "fast"}"#, "max_delay"),
             (r#"{"max_delay": "6m"}"#, "max_delay"),
             (r#"{"min_delay": "50ms", "max_delay": "10ms"}"#, "max_delay"),
-            (r#"{"min_delay": "20s"}"#, "min_delay"),
+            (r#"{"min_delay": "6m"}"#, "min_delay"),
             (r#"{"max_hedges": 0}"#, "max_hedges"),
             (r#"{"max_clusters": 1023}"#, "max_clusters"),
             (r#"{"max_hedges": -1}"#, "max_hedges"),
@@ -965,7 +967,7 @@ mod tests {
             ),
             (r#"{"clusters": {"a": {"window": "5s"}}}"#, "clusters.a"),
             (
-                r#"{"clusters": {"a": {"min_delay": "30s"}}}"#,
+                r#"{"clusters": {"a": {"min_delay": "6m"}}}"#,
                 "clusters.a.min_delay",
             ),
             (r#"{"clusters": {"": {}}}"#, "clusters"),

@@ -406,6 +406,19 @@ mod tests {
         assert_eq!(floored.per_try_timeout_ms, 20);
     }
 
+    /// A cluster whose latency runs to tens of seconds (a batch endpoint,
+    /// or a slow service in an outage) gets its own delay at the defaults:
+    /// a ceiling below its quantile would arm every request with a delay
+    /// most of them outlive (generated workloads: the budget overrun to
+    /// 12.3% and most outage requests refused, evaluation.md).
+    #[test]
+    fn a_cluster_of_tens_of_seconds_is_not_clamped_at_the_defaults() {
+        let values: Vec<f64> = (1..=100).map(|i| i as f64 * 400_000.0).collect(); // 0.4..40 s
+        let d = long_horizon_delay(&policy(10), &window_of(&values)).unwrap();
+        assert!((d.delay_us as f64 - 36e6).abs() <= 0.4e6, "{d:?}");
+        assert_eq!(d.per_try_timeout_ms, d.delay_us.div_ceil(1000));
+    }
+
     #[test]
     fn recent_slices_raise_the_delay_but_never_lower_it() {
         let policy = policy(50);

@@ -432,7 +432,9 @@ impl ClusterState {
                 self.metrics.add(metric, u64::from(a.hedges));
             }
             Decision::Skip(Skip::BudgetExhausted) => {
-                self.count_refusal(true);
+                if self.budget.short_of_tokens() {
+                    self.count_refusal(true);
+                }
                 self.metrics.add(ClusterMetric::BudgetExhausted, 1)
             }
             Decision::Skip(Skip::Paced | Skip::StaleDelay) => {
@@ -2630,6 +2632,42 @@ mod tests {
             decision(&mut a, b"a1", b"GET"),
             Decision::Skip(Skip::Untracked)
         );
+    }
+
+    /// A delay of seconds keeps many requests armed at once: the exposure
+    /// cap then refuses some while tokens are free. That is no sign the
+    /// delay costs more than the budget pays, and raising the delay for it
+    /// would arm still more at once (a delay of 10 s driven to 30-127 s in
+    /// a generated partial outage), so it does not count in the pressure.
+    #[test]
+    fn refusals_for_the_exposure_cap_are_no_refusal_pressure() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        traffic(&mut w, "c", 500, 10_000_000); // 10 s answers
+        w.sync(T0, &store, &mut log);
+        let (mut armed, mut refused) = (0, 0);
+        let mut cluster = None;
+        for tick in 1..=30u64 {
+            // 50 requests a tick, none answered yet: all armed at once
+            for _ in 0..50 {
+                let plan = w.plan(Some(b"c"), None, &GET);
+                cluster = plan.cluster;
+                match plan.decision {
+                    Decision::Arm(_) => armed += 1,
+                    Decision::Skip(Skip::BudgetExhausted) => refused += 1,
+                    d => panic!("{d:?}"),
+                }
+            }
+            w.sync(T0 + tick * 200, &store, &mut log);
+        }
+        let state = w.cluster(cluster.unwrap()).unwrap();
+        assert!(
+            refused > 100 && armed > 100,
+            "{armed} armed, {refused} refused"
+        );
+        assert!(!state.budget.short_of_tokens());
+        assert_eq!(state.refusals.value(), 0.0);
     }
 
     #[test]
