@@ -35,10 +35,15 @@
 
 use std::collections::VecDeque;
 
-/// Ticks of armed requests kept apart at most; older ones are charged as
-/// hedged (conservative: a delay longer than this many ticks is charged
-/// early and refunded when its request ends first).
-const MAX_COHORTS: usize = 64;
+/// Ticks of armed requests kept apart: as many as the delay spans, at
+/// least `MIN_COHORTS` and at most `MAX_COHORTS` (five minutes, the
+/// longest `max_delay`, at the default tick: 36 KB at most per cluster and
+/// worker). Older ones are charged as hedged (conservative: a delay longer
+/// than that is charged early and refunded when its request ends first;
+/// meanwhile the balance is lower than what was really spent, and the
+/// refusals for want of tokens raise the delay).
+const MIN_COHORTS: usize = 64;
+const MAX_COHORTS: usize = 1_500;
 
 /// The exposure cap covers the requests of at most this many seconds (see `tick`).
 const EXPOSURE_SECONDS: f64 = 2.0;
@@ -151,8 +156,8 @@ impl LocalBudget {
             .clamp(0, i64::from(wanted)) as u32
     }
 
-    /// Fewer than one whole free token: a refusal for want of tokens, not
-    /// for the exposure cap.
+    /// Fewer than one whole free token: a refusal for want of tokens
+    /// (whether or not the exposure cap refused too).
     pub fn short_of_tokens(&self) -> bool {
         self.free < TOKEN
     }
@@ -217,8 +222,11 @@ impl LocalBudget {
     ) {
         self.now = now;
         let rest = TOKEN - self.set_aside();
+        let kept = usize::try_from(delay_ticks.saturating_add(2))
+            .unwrap_or(MAX_COHORTS)
+            .clamp(MIN_COHORTS, MAX_COHORTS);
         while let Some(c) = self.cohorts.front() {
-            if c.due > now && self.cohorts.len() <= MAX_COHORTS {
+            if c.due > now && self.cohorts.len() <= kept {
                 break;
             }
             let charge = signed(c.hedges).saturating_mul(rest);
@@ -307,7 +315,8 @@ pub struct RefusalPressure {
 }
 
 impl RefusalPressure {
-    /// An eligible request: armed, or refused for want of budget.
+    /// An eligible request: armed, or refused for want of tokens (the
+    /// caller leaves out those only the exposure cap refused).
     pub fn count(&mut self, refused: bool) {
         self.eligible = self.eligible.saturating_add(1);
         self.refused = self.refused.saturating_add(u32::from(refused));
@@ -451,7 +460,8 @@ mod tests {
         }
         let armed: Vec<(u32, u64)> = (0..100).map(|_| arm(&mut b, 1)).collect();
         assert_eq!(armed.iter().map(|a| a.0).sum::<u32>(), 20);
-        // the last 80 were refused for the cap, with 18.4 tokens free
+        // the last 80 were refused for the cap, with 8.4 tokens free
+        // (the exposure, 18.4, is the free tokens plus the cap)
         assert!(!b.short_of_tokens(), "{}", b.free_tokens());
         for (n, cohort) in armed {
             b.settle(cohort, n, n); // a stall: every one of them hedged
@@ -484,6 +494,29 @@ mod tests {
         }
         assert!((b.free_tokens() - 7.0).abs() < 1e-9, "{}", b.free_tokens());
         assert_eq!(b.exposure(), 0);
+    }
+
+    /// A delay of 20 s (100 ticks): a hedge armed in each tick is charged
+    /// when its delay has passed, not when 64 newer ticks have armed too.
+    #[test]
+    fn a_delay_of_many_ticks_is_charged_when_it_passes() {
+        let mut b = budget(100 * TOKEN);
+        for t in 0..90 {
+            let n = b.affordable(1);
+            b.reserve(n, 100);
+            b.tick(t + 1, 10, TICKS_PER_SECOND, 100);
+        }
+        // 90 set-asides of 0.08, nothing charged in full yet
+        assert!((b.free_tokens() - 92.8).abs() < 1e-9, "{}", b.free_tokens());
+        for t in 90..101 {
+            b.tick(t + 1, 10, TICKS_PER_SECOND, 100);
+        }
+        // the first cohort's delay has passed (due at tick 101): charged
+        assert!(
+            (b.free_tokens() - 91.88).abs() < 1e-9,
+            "{}",
+            b.free_tokens()
+        );
     }
 
     #[test]

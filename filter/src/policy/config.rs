@@ -161,8 +161,11 @@ fn min_delay_rule(d: TextDuration) -> Result<TextDuration, String> {
     }
 }
 
+/// The longest `max_delay`, and its default.
+const MAX_DELAY_BOUND: Duration = Duration::from_secs(300);
+
 fn max_delay_rule(d: TextDuration) -> Result<TextDuration, String> {
-    if *d <= Duration::from_secs(300) {
+    if *d <= MAX_DELAY_BOUND {
         Ok(d)
     } else {
         Err("must be at most 5m".into())
@@ -442,7 +445,7 @@ settings! {
         min_delay: TextDuration = millis(1), min_delay_rule;
         /// Upper clamp of the delay: the rule's own bound, so that no latency a
         /// cluster may have is hedged below its learned quantile unasked.
-        max_delay: TextDuration = millis(300_000), max_delay_rule;
+        max_delay: TextDuration = TextDuration(MAX_DELAY_BOUND), max_delay_rule;
         /// Hedges per request (`x-envoy-max-retries`).
         max_hedges: u32 = 1, |n| within(n, 1, 5, " (use \"disabled\": true to turn hedging off)");
         /// Samples the window must hold (all workers together) before hedging.

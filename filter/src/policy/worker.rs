@@ -318,8 +318,9 @@ impl ClusterState {
         self.regime = None;
     }
 
-    /// An eligible request, armed or refused, for the refusal pressure;
-    /// not while the delay is stale (a brownout): the refusals then are the
+    /// An eligible request, armed or refused for want of tokens, for the
+    /// refusal pressure (see `book` for the exposure cap's refusals); not
+    /// while the delay is stale (a brownout): the refusals then are the
     /// budget's brake on requests armed below the new latency, all of which
     /// fire their per-try timeouts (failures to outlier detection with the
     /// local-origin split; 504s without it before the 204), and raising
@@ -432,6 +433,9 @@ impl ClusterState {
                 self.metrics.add(metric, u64::from(a.hedges));
             }
             Decision::Skip(Skip::BudgetExhausted) => {
+                // The exposure cap refuses for how many requests are armed
+                // at once, not for what the delay costs: raising the delay
+                // for it would arm more at once, and refuse more.
                 if self.budget.short_of_tokens() {
                     self.count_refusal(true);
                 }
@@ -2637,7 +2641,7 @@ mod tests {
     /// A delay of seconds keeps many requests armed at once: the exposure
     /// cap then refuses some while tokens are free. That is no sign the
     /// delay costs more than the budget pays, and raising the delay for it
-    /// would arm still more at once (a delay of 10 s driven to 30-127 s in
+    /// would arm still more at once (a delay of 10 s driven to 76-127 s in
     /// a generated partial outage), so it does not count in the pressure.
     #[test]
     fn refusals_for_the_exposure_cap_are_no_refusal_pressure() {
