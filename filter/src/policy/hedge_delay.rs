@@ -408,10 +408,9 @@ mod tests {
 
     /// A cluster whose latency runs to tens of seconds (a batch endpoint,
     /// or a slow service in an outage) gets its own delay at the default
-    /// `max_delay`:
-    /// a ceiling below its quantile would arm every request with a delay
-    /// most of them outlive (generated workloads: the budget overrun to
-    /// 12.3% and most outage requests refused, evaluation.md).
+    /// `max_delay`: a ceiling below its quantile would arm every request
+    /// with a delay most of them outlive (generated workloads: the budget
+    /// overrun to 12.3% and most outage requests refused, evaluation.md).
     #[test]
     fn a_cluster_of_tens_of_seconds_is_not_clamped_at_the_default_max_delay() {
         let values: Vec<f64> = (1..=100).map(|i| i as f64 * 400_000.0).collect(); // 0.4..40 s
