@@ -136,7 +136,8 @@ test-deploy: build
 
 # Installs what it needs, builds, then runs on loopback (about a minute).
 # DEMO=fanout: a front end calling N = 1, 10, 50, 100 backends in parallel
-# (about 5 minutes), a table and results-demo/fanout.png.
+# with fixed delays of 5, 10, 20 ms (about 9 minutes; DEMO_RUNS=3 for
+# medians: about half an hour), a table and results-demo/fanout.png.
 demo: setup build
 	cargo build --profile e2e -p integration-tests --bin demo
 	DEMO=$(DEMO) ./target/e2e/demo

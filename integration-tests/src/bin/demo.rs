@@ -6,6 +6,7 @@
 
 use integration_tests::harness::sim::Latency;
 use integration_tests::tools::scenario::{self, Plan, Proxy, Workload};
+use integration_tests::tools::workloads;
 
 fn main() {
     // Ctrl-C: Envoy children get the same SIGINT from the terminal; exiting
@@ -102,10 +103,14 @@ fn main() {
 /// `DEMO=fanout`: a front end that calls N backends in parallel and answers
 /// when all have (straggler amplification: with 5% stragglers, one call in
 /// 10 leaves meets one 40% of the time, one in 100 almost always), for N =
-/// 1, 10, 50, 100 (`DEMO_FANOUT=1,10` to choose), without hedging, with a
-/// fixed 10 ms delay and with the filter, at the same rate of backend calls
-/// (`DEMO_RATE`, default 500/s). Prints a table; writes
-/// `$DEMO_OUT/fanout.json` (default `results-demo`) for the chart.
+/// 1, 10, 50, 100 (`DEMO_FANOUT=1,10` to choose), without hedging, with
+/// fixed delays of 5, 10 and 20 ms and with the filter, at the same rate of
+/// backend calls (`DEMO_RATE`, default 500/s). `DEMO_RUNS=3` runs every N's
+/// configurations three times, interleaved, and reports each cell's median.
+/// The last column is the filter's p99 over the best any fixed delay
+/// reaches at its extra load or less (the frontier, as in `make bench`).
+/// Prints a table; writes `$DEMO_OUT/fanout.json` (default `results-demo`)
+/// for the chart.
 fn fan_out_demo(warmup: u64) {
     let env = |name: &str| std::env::var(name).ok();
     let leaf_rate: f64 = env("DEMO_RATE")
@@ -114,18 +119,24 @@ fn fan_out_demo(warmup: u64) {
     let fanouts: Vec<u64> = env("DEMO_FANOUT")
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 10, 50, 100]);
+    let runs = env("DEMO_RUNS")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
     let out = std::path::PathBuf::from(env("DEMO_OUT").unwrap_or_else(|| "results-demo".into()));
     println!("adaptive-hedge fan-out demo");
     println!("  3 simulated hosts on 127.0.0.1: lognormal latency (mean 5 ms, sd 2 ms), 5% stragglers at 10x");
-    println!("  a front end calls N backends in parallel through Envoy and waits for all; {leaf_rate} backend calls/s\n");
+    println!("  a front end calls N backends in parallel through Envoy and waits for all; {leaf_rate} backend calls/s; {runs} run(s)\n");
     let configurations = [
         Proxy::Baseline,
+        Proxy::StaticHedge { delay_ms: 5 },
         Proxy::StaticHedge { delay_ms: 10 },
+        Proxy::StaticHedge { delay_ms: 20 },
         Proxy::adaptive_defaults(),
     ];
     let mut rows = Vec::new();
     let mut table = String::from(
-        "| N | P(a straggler) | configuration | p50 | p90 | p99 | extra load |\n|---|---|---|---|---|---|---|\n",
+        "| N | P(a straggler) | configuration | p50 | p90 | p99 | extra load | p99 / frontier |\n|---|---|---|---|---|---|---|---|\n",
     );
     for &fanout in &fanouts {
         // enough front-end requests for a p99 at every N, in about 20-40 s
@@ -137,58 +148,94 @@ fn fan_out_demo(warmup: u64) {
         };
         let plan = Plan::three_hosts(Latency::reference(), warmup, workload);
         let meets = 1.0 - 0.95f64.powi(fanout as i32);
-        for proxy in &configurations {
-            println!(
-                "[N = {fanout}] {}: {requests} front-end requests",
-                proxy.name()
-            );
-            let report = match scenario::run(proxy, &plan, &|s: &str| println!("{s}")) {
-                Ok(report) => report,
-                Err(e) => {
-                    eprintln!("demo failed: {e}");
-                    std::process::exit(1);
+        // cells[configuration][run]: p50, p90, p99 (ms), extra load
+        let mut cells: Vec<Vec<[f64; 4]>> = vec![Vec::new(); configurations.len()];
+        for run in 1..=runs {
+            for (proxy, cell) in configurations.iter().zip(cells.iter_mut()) {
+                println!(
+                    "[N = {fanout}, run {run}/{runs}] {}: {requests} front-end requests",
+                    proxy.name()
+                );
+                let report = match scenario::run(proxy, &plan, &|s: &str| println!("{s}")) {
+                    Ok(report) => report,
+                    Err(e) => {
+                        eprintln!("demo failed: {e}");
+                        std::process::exit(1);
+                    }
+                };
+                if let Some(envoy) = &report.envoy {
+                    envoy.assert_no_vm_failure();
+                    if std::env::var_os("DEMO_VERBOSE").is_some() {
+                        println!("  {}", envoy.filter_stats("backend"));
+                    }
                 }
-            };
-            if let Some(envoy) = &report.envoy {
-                envoy.assert_no_vm_failure();
-                if std::env::var_os("DEMO_VERBOSE").is_some() {
-                    println!("  {}", envoy.filter_stats("backend"));
-                }
+                let l = report.main();
+                println!(
+                    "  {}; extra load {:.1}%",
+                    l.summary(),
+                    report.extra_load * 100.0
+                );
+                cell.push([l.ms(0.5), l.ms(0.9), l.ms(0.99), report.extra_load]);
             }
-            let l = report.main();
-            println!(
-                "  {}; extra load {:.1}%",
-                l.summary(),
-                report.extra_load * 100.0
-            );
+        }
+        let medians: Vec<[f64; 4]> = cells.iter().map(|c| median_cells(c)).collect();
+        // the fixed delays' points, no hedging at zero extra load
+        let fixed: Vec<(f64, f64)> = configurations
+            .iter()
+            .zip(&medians)
+            .filter(|(proxy, _)| !proxy.is_adaptive())
+            .map(|(_, m)| (m[3], m[2]))
+            .collect();
+        for (proxy, m) in configurations.iter().zip(&medians) {
+            let ratio = proxy
+                .is_adaptive()
+                .then(|| m[2] / workloads::frontier_at(&fixed, m[3]));
             table.push_str(&format!(
-                "| {fanout} | {:.0}% | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% |\n",
+                "| {fanout} | {:.0}% | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}% | {} |\n",
                 meets * 100.0,
                 proxy.name(),
-                l.ms(0.5),
-                l.ms(0.9),
-                l.ms(0.99),
-                report.extra_load * 100.0
+                m[0],
+                m[1],
+                m[2],
+                m[3] * 100.0,
+                ratio.map_or("-".into(), |r| format!("{r:.2}"))
             ));
             rows.push(serde_json::json!({
                 "fanout": fanout,
                 "configuration": proxy.name(),
-                "p50_ms": l.ms(0.5),
-                "p90_ms": l.ms(0.9),
-                "p99_ms": l.ms(0.99),
-                "errors": l.errors,
-                "requests": l.sent,
-                "extra_load": report.extra_load,
+                "p50_ms": m[0],
+                "p90_ms": m[1],
+                "p99_ms": m[2],
+                "extra_load": m[3],
+                "runs": runs,
             }));
         }
     }
-    println!("\nfan-out: latency of the front end (all N answers), and the backends' extra load\n{table}");
-    let json = serde_json::json!({ "leaf_rate": leaf_rate, "rows": rows });
+    let what = if runs > 1 {
+        format!("each cell the median of {runs} runs")
+    } else {
+        "one run".into()
+    };
+    println!("\nfan-out: latency of the front end (all N answers), and the backends' extra load; {what}\n{table}");
+    let json = serde_json::json!({ "leaf_rate": leaf_rate, "runs": runs, "rows": rows });
     if std::fs::create_dir_all(&out).is_ok()
         && std::fs::write(out.join("fanout.json"), json.to_string()).is_ok()
     {
         println!("wrote {}", out.join("fanout.json").display());
     }
+}
+
+/// Each measure's median over the runs, on its own.
+fn median_cells(runs: &[[f64; 4]]) -> [f64; 4] {
+    let mut out = [f64::NAN; 4];
+    for (k, slot) in out.iter_mut().enumerate() {
+        let mut column: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+        column.sort_by(f64::total_cmp);
+        if let Some(m) = column.get(column.len() / 2) {
+            *slot = *m;
+        }
+    }
+    out
 }
 
 /// On SIGINT/SIGTERM, kill our process group's Envoy children and exit.
