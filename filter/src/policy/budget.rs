@@ -87,7 +87,7 @@ struct Cohort {
 }
 
 /// One worker's tokens for one cluster.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LocalBudget {
     terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
@@ -103,6 +103,8 @@ pub struct LocalBudget {
     /// The most free tokens kept: `burst`, or a second of this worker's
     /// earnings at its current rate if that is more (see `tick`).
     saved_cap: i64,
+    /// Requests per tick over about the last second (an EWMA; see `tick`).
+    rate_per_tick: Option<f64>,
 }
 
 impl LocalBudget {
@@ -115,6 +117,7 @@ impl LocalBudget {
             exposure_cap: signed(terms.burst),
             now: 0,
             saved_cap: signed(terms.burst),
+            rate_per_tick: None,
         }
     }
 
@@ -221,6 +224,18 @@ impl LocalBudget {
         delay_ticks: u64,
     ) {
         self.now = now;
+        // The rate over about a second, not the last tick's: traffic that
+        // comes in bursts (a front end's fan-out, a batch every few hundred
+        // milliseconds) leaves some ticks empty, and a reserve sized on an
+        // empty tick fell to `burst`: the tokens above it were dropped at
+        // the next rebalance, and the bursts after went unarmed.
+        let last = requests_last_tick as f64;
+        let weight = (1.0 / ticks_per_second.max(1.0)).min(1.0);
+        let rate = match self.rate_per_tick {
+            Some(r) => r + weight * (last - r),
+            None => last,
+        };
+        self.rate_per_tick = Some(rate);
         let rest = TOKEN - self.set_aside();
         let kept = usize::try_from(delay_ticks.saturating_add(2))
             .unwrap_or(MAX_COHORTS)
@@ -234,9 +249,9 @@ impl LocalBudget {
             self.uncharged = self.uncharged.saturating_sub(c.hedges);
             self.cohorts.pop_front();
         }
-        // The exposure cap: one and a half times what the requests of the
-        // last tick plus one delay (at most `EXPOSURE_SECONDS` of them)
-        // would cost. With a delay of seconds (a slow endpoint) that many
+        // The exposure cap: one and a half times what the requests of a
+        // tick (the last, or the last second's mean if more) and one delay
+        // (at most `EXPOSURE_SECONDS` of them) would cost. With a delay of seconds (a slow endpoint) that many
         // seconds of requests are armed at once in ordinary operation: a
         // span of one second refused most of them while tokens sat idle
         // (53% to 83% of eligible requests on the generated workloads with
@@ -245,14 +260,15 @@ impl LocalBudget {
         let span = delay_ticks
             .saturating_add(2)
             .min((ticks_per_second.max(1.0) * EXPOSURE_SECONDS) as u64);
-        let in_span = signed(requests_last_tick.saturating_mul(span));
+        let per_tick = requests_last_tick.max(rate.ceil() as u64);
+        let in_span = signed(per_tick.saturating_mul(span));
         let span_cost = in_span.saturating_mul(rest).saturating_mul(3) / 2;
         self.exposure_cap = signed(self.terms.burst).max(span_cost);
         // At a high rate `burst` tokens are spent and earned within a tick:
         // the balance would touch zero at every fluctuation and refuse random
-        // requests. Keeping a second's earnings smooths that (over a 30 s
-        // window, at most a thirtieth more than the share).
-        let per_second = (requests_last_tick as f64 * ticks_per_second.max(0.0)) as i64;
+        // requests. The reserve: `reserve_seconds` of earnings at the last
+        // second's rate (see "The budget" in design.md).
+        let per_second = (rate * ticks_per_second.max(0.0)) as i64;
         let reserve = signed(self.terms.share)
             .saturating_mul(per_second)
             .saturating_mul(signed(self.terms.reserve_seconds.max(1)));
@@ -549,6 +565,33 @@ mod tests {
     /// having sent a hedge (delay of one tick): past the first tick (whose
     /// rate nobody knew) the budget refuses none, where a fixed cap of
     /// `burst` refused most of them.
+    #[test]
+    fn a_reserve_outlives_the_empty_ticks_between_bursts() {
+        // 100 requests every other tick (a front end's fan-out at 2.5 a
+        // second): the reserve holds the mean rate's 10 s of earnings
+        let mut b = LocalBudget::new(BudgetTerms {
+            reserve_seconds: 10,
+            ..TERMS
+        });
+        for tick in 1..=50u64 {
+            for _ in 0..(if tick % 2 == 0 { 100 } else { 0 }) {
+                b.earn();
+            }
+            let requests = if tick % 2 == 0 { 100 } else { 0 };
+            b.tick(tick, requests, TICKS_PER_SECOND, 0);
+            let mut pool = 0;
+            b.rebalance(&mut pool);
+        }
+        // 250 req/s x 10 s x 0.1: 250 tokens; what 25 bursts earned, 250
+        let saved = b.free_tokens();
+        assert!(saved > 200.0, "{saved}");
+        // and an empty tick does not drop it
+        b.tick(51, 0, TICKS_PER_SECOND, 0);
+        let mut pool = 0;
+        b.rebalance(&mut pool);
+        assert!(b.free_tokens() + pool as f64 / 1e6 >= saved - 1e-6);
+    }
+
     #[test]
     fn at_a_high_rate_the_caps_follow_the_rate() {
         let mut b = LocalBudget::new(TERMS);
