@@ -261,17 +261,27 @@ impl ArmedRequests {
     /// requests with a timeout fired.
     pub fn fire(&mut self, now_ns: u64, hosts: &mut Hosts) -> usize {
         let mut past = 0;
-        let mut fired = Vec::new();
+        // the fires' count, when the first and last were armed, the last's
+        // per-try timeout: no list per request
+        let mut fires: u32 = 0;
+        let mut armed_ns: Option<(u64, u64)> = None;
+        let mut per_try_ns = 0;
         let reading = self.reading;
         for a in self.armed.iter_mut() {
             let due = a.due(now_ns);
             if a.count(due, hosts) && a.reading == reading {
-                fired.push(*a);
+                fires += 1;
+                let at = a.armed_ns();
+                armed_ns = Some(armed_ns.map_or((at, at), |(f, l)| (f.min(at), l.max(at))));
+                per_try_ns = a.per_try_ns;
             }
             past += usize::from(due > 0);
         }
-        for a in &fired {
-            self.observe(true, a);
+        if let Some(span) = armed_ns {
+            for _ in 0..fires {
+                self.fire_rate += FIRE_RATE_WEIGHT * (1.0 - self.fire_rate);
+            }
+            self.extend_run(fires, span, per_try_ns);
         }
         past
     }
@@ -280,17 +290,22 @@ impl ArmedRequests {
     fn observe(&mut self, fired: bool, a: &Armed) {
         let x = if fired { 1.0 } else { 0.0 };
         self.fire_rate += FIRE_RATE_WEIGHT * (x - self.fire_rate);
-        if !fired {
+        if fired {
+            let at = a.armed_ns();
+            self.extend_run(1, (at, at), a.per_try_ns);
+        } else {
             self.end_run();
-            return;
         }
-        self.fires_in_a_row = self.fires_in_a_row.saturating_add(1);
-        let at = a.armed_ns();
+    }
+
+    /// `fires` more primaries fired, armed from `span.0` to `span.1`.
+    fn extend_run(&mut self, fires: u32, span: (u64, u64), per_try_ns: u64) {
+        self.fires_in_a_row = self.fires_in_a_row.saturating_add(fires);
         self.run_armed_ns = Some(match self.run_armed_ns {
-            Some((first, last)) => (first.min(at), last.max(at)),
-            None => (at, at),
+            Some((first, last)) => (first.min(span.0), last.max(span.1)),
+            None => span,
         });
-        self.run_per_try_ns = a.per_try_ns;
+        self.run_per_try_ns = per_try_ns;
     }
 
     /// The request armed with `deadline_ns` ended (`ended`) after
