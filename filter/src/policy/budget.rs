@@ -19,8 +19,9 @@
 //!
 //! The limit on arming: if every armed request not yet charged hedged at
 //! once (a stall, or an outage making them all outlive the delay), the debt
-//! must stay within the exposure cap: `burst`, or twice what the requests of
-//! the last tick plus one delay would cost if that is more. So the cap
+//! must stay within the exposure cap: `burst`, or one and a half times what
+//! a tick's requests (the last tick's, or the last second's mean if more)
+//! and one delay's would cost if that is more. So the cap
 //! follows the rate (at high rates many requests are armed at once) without
 //! refusing hedges while tokens sit idle; and a stall costs at most one
 //! hedge per request armed in that short span, once.
@@ -100,8 +101,9 @@ pub struct LocalBudget {
     exposure_cap: i64,
     /// The worker's tick count (see `tick`).
     now: u64,
-    /// The most free tokens kept: `burst`, or a second of this worker's
-    /// earnings at its current rate if that is more (see `tick`).
+    /// The most free tokens kept: `burst`, or `reserve_seconds` of this
+    /// worker's earnings at its rate of about the last second if that is
+    /// more (see `tick`).
     saved_cap: i64,
     /// Requests per tick over about the last second (an EWMA; see `tick`).
     rate_per_tick: Option<f64>,
@@ -214,8 +216,9 @@ impl LocalBudget {
 
     /// The worker's tick `now`: the armed hedges whose delay has passed are
     /// charged in full (those of requests still running were sent); the
-    /// caps follow the rate: `requests_last_tick` requests, at
-    /// `ticks_per_second`, armed with a delay of `delay_ticks` ticks.
+    /// caps follow the rate of about the last second, of which
+    /// `requests_last_tick` came in the last tick, at `ticks_per_second`,
+    /// armed with a delay of `delay_ticks` ticks.
     pub fn tick(
         &mut self,
         now: u64,
@@ -260,7 +263,7 @@ impl LocalBudget {
         let span = delay_ticks
             .saturating_add(2)
             .min((ticks_per_second.max(1.0) * EXPOSURE_SECONDS) as u64);
-        let per_tick = requests_last_tick.max(rate.ceil() as u64);
+        let per_tick = requests_last_tick.max(rate.round() as u64);
         let in_span = signed(per_tick.saturating_mul(span));
         let span_cost = in_span.saturating_mul(rest).saturating_mul(3) / 2;
         self.exposure_cap = signed(self.terms.burst).max(span_cost);
@@ -561,10 +564,6 @@ mod tests {
         assert!((b.free_tokens() - 4.0).abs() < 1e-9, "{}", b.free_tokens());
     }
 
-    /// 1,000 requests a tick, each ending within the next tick, 8% of them
-    /// having sent a hedge (delay of one tick): past the first tick (whose
-    /// rate nobody knew) the budget refuses none, where a fixed cap of
-    /// `burst` refused most of them.
     #[test]
     fn a_reserve_outlives_the_empty_ticks_between_bursts() {
         // 100 requests every other tick (a front end's fan-out at 2.5 a
@@ -582,7 +581,8 @@ mod tests {
             let mut pool = 0;
             b.rebalance(&mut pool);
         }
-        // 250 req/s x 10 s x 0.1: 250 tokens; what 25 bursts earned, 250
+        // 250 req/s x 10 s x 0.1: 250 tokens at the mean rate (about 222
+        // read just after an empty tick); 25 bursts earned 250
         let saved = b.free_tokens();
         assert!(saved > 200.0, "{saved}");
         // and an empty tick does not drop it
@@ -592,6 +592,10 @@ mod tests {
         assert!(b.free_tokens() + pool as f64 / 1e6 >= saved - 1e-6);
     }
 
+    /// 1,000 requests a tick, each ending within the next tick, 8% of them
+    /// having sent a hedge (delay of one tick): past the first tick (whose
+    /// rate nobody knew) the budget refuses none, where a fixed cap of
+    /// `burst` refused most of them.
     #[test]
     fn at_a_high_rate_the_caps_follow_the_rate() {
         let mut b = LocalBudget::new(TERMS);

@@ -107,8 +107,9 @@ fn main() {
 /// fixed delays of 5, 10 and 20 ms and with the filter, at the same rate of
 /// backend calls (`DEMO_RATE`, default 500/s). `DEMO_RUNS=3` runs every N's
 /// configurations three times, interleaved, and reports each cell's median.
-/// The last column is the filter's p99 over the best any fixed delay
-/// reaches at its extra load or less (the frontier, as in `make bench`).
+/// The last column is the filter's p99 over the frontier at its extra
+/// load (no hedging and the fixed delays, linear between their points:
+/// `workloads::frontier_at`, as in `make bench`).
 /// Prints a table; writes `$DEMO_OUT/fanout.json` (default `results-demo`)
 /// for the chart.
 fn fan_out_demo(warmup: u64) {
@@ -225,7 +226,8 @@ fn fan_out_demo(warmup: u64) {
     }
 }
 
-/// Each measure's median over the runs, on its own.
+/// Each measure's median over the runs, on its own (the upper of the two
+/// middle values when the count is even).
 fn median_cells(runs: &[[f64; 4]]) -> [f64; 4] {
     let mut out = [f64::NAN; 4];
     for (k, slot) in out.iter_mut().enumerate() {
