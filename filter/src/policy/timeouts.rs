@@ -619,16 +619,12 @@ mod tests {
         let delay = 18 * MS;
         for burst in 0..10u64 {
             let start = burst * 200 * MS;
+            let deadline = |i: u64| start + delay + i * 20_000;
             for i in 0..50u64 {
-                armed.armed(start + delay + i * 20_000, delay, pick(0, 1));
+                armed.armed(deadline(i), delay, pick(0, 1));
             }
             for i in 0..43u64 {
-                armed.ended(
-                    start + delay + i * 20_000,
-                    Some(1),
-                    Ended::After(9_000),
-                    &mut hosts,
-                );
+                armed.ended(deadline(i), Some(1), Ended::After(9_000), &mut hosts);
             }
             armed.fire(start + delay + MS, &mut hosts);
             assert!(armed.fires_in_a_row >= 7);
@@ -637,12 +633,7 @@ mod tests {
                 assert!(!armed.clearly_stale(), "burst {burst}: {}", armed.fire_rate);
             }
             for i in 43..50u64 {
-                armed.ended(
-                    start + delay + i * 20_000,
-                    Some(2),
-                    Ended::After(40_000),
-                    &mut hosts,
-                );
+                armed.ended(deadline(i), Some(2), Ended::After(40_000), &mut hosts);
             }
         }
         // one in time, then a brownout: one request every 4 ms (the
