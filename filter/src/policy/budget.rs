@@ -254,12 +254,13 @@ impl LocalBudget {
         }
         // The exposure cap: one and a half times what the requests of a
         // tick (the last, or the last second's mean if more) and one delay
-        // (at most `EXPOSURE_SECONDS` of them) would cost. With a delay of seconds (a slow endpoint) that many
-        // seconds of requests are armed at once in ordinary operation: a
-        // span of one second refused most of them while tokens sat idle
-        // (53% to 83% of eligible requests on the generated workloads with
-        // multi-second delays). Longer spans let a stall run up a debt
-        // the run never repaid (13.9% extra at a 10% budget with 10 s delays).
+        // (at most `EXPOSURE_SECONDS` of them) would cost. With a delay of
+        // seconds (a slow endpoint) that many seconds of requests are armed
+        // at once in ordinary operation: a span of one second refused most
+        // of them while tokens sat idle (53% to 83% of eligible requests on
+        // the generated workloads with multi-second delays). Longer spans
+        // let a stall run up a debt the run never repaid (13.9% extra at a
+        // 10% budget with 10 s delays).
         let span = delay_ticks
             .saturating_add(2)
             .min((ticks_per_second.max(1.0) * EXPOSURE_SECONDS) as u64);
@@ -573,10 +574,10 @@ mod tests {
             ..TERMS
         });
         for tick in 1..=50u64 {
-            for _ in 0..(if tick % 2 == 0 { 100 } else { 0 }) {
+            let requests = if tick % 2 == 0 { 100 } else { 0 };
+            for _ in 0..requests {
                 b.earn();
             }
-            let requests = if tick % 2 == 0 { 100 } else { 0 };
             b.tick(tick, requests, TICKS_PER_SECOND, 0);
             let mut pool = 0;
             b.rebalance(&mut pool);

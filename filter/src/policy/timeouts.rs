@@ -198,6 +198,11 @@ const STALE_MAX: f64 = 0.9;
 /// The arming rate is counted over this long (see `clearly_stale`).
 const RATE_SPAN_NS: u64 = 1_000_000_000;
 
+/// The span from the earlier start to the later end of both.
+fn widen(span: Option<(u64, u64)>, with: (u64, u64)) -> (u64, u64) {
+    span.map_or(with, |(first, last)| (first.min(with.0), last.max(with.1)))
+}
+
 impl Default for ArmedRequests {
     fn default() -> Self {
         ArmedRequests::new(0.08)
@@ -276,14 +281,14 @@ impl ArmedRequests {
             if a.count(due, hosts) && a.reading == reading {
                 fires += 1;
                 let at = a.armed_ns();
-                armed_ns = Some(armed_ns.map_or((at, at), |(f, l)| (f.min(at), l.max(at))));
+                armed_ns = Some(widen(armed_ns, (at, at)));
                 per_try_ns = a.per_try_ns;
             }
             past += usize::from(due > 0);
         }
         if let Some(span) = armed_ns {
             for _ in 0..fires {
-                self.fire_rate += FIRE_RATE_WEIGHT * (1.0 - self.fire_rate);
+                self.step_fire_rate(true);
             }
             self.extend_run(fires, span, per_try_ns);
         }
@@ -292,8 +297,7 @@ impl ArmedRequests {
 
     /// An armed request's primary fired, or ended without firing.
     fn observe(&mut self, fired: bool, a: &Armed) {
-        let x = if fired { 1.0 } else { 0.0 };
-        self.fire_rate += FIRE_RATE_WEIGHT * (x - self.fire_rate);
+        self.step_fire_rate(fired);
         if fired {
             let at = a.armed_ns();
             self.extend_run(1, (at, at), a.per_try_ns);
@@ -302,13 +306,15 @@ impl ArmedRequests {
         }
     }
 
+    fn step_fire_rate(&mut self, fired: bool) {
+        let x = if fired { 1.0 } else { 0.0 };
+        self.fire_rate += FIRE_RATE_WEIGHT * (x - self.fire_rate);
+    }
+
     /// `fires` more primaries fired, armed from `span.0` to `span.1`.
     fn extend_run(&mut self, fires: u32, span: (u64, u64), per_try_ns: u64) {
         self.fires_in_a_row = self.fires_in_a_row.saturating_add(fires);
-        self.run_armed_ns = Some(match self.run_armed_ns {
-            Some((first, last)) => (first.min(span.0), last.max(span.1)),
-            None => span,
-        });
+        self.run_armed_ns = Some(widen(self.run_armed_ns, span));
         self.run_per_try_ns = per_try_ns;
     }
 
