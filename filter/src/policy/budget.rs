@@ -123,6 +123,12 @@ impl LocalBudget {
         }
     }
 
+    /// New terms (a route's overrides changed): the tokens and the armed
+    /// hedges stay; the caps follow at the next tick.
+    pub fn retune(&mut self, terms: BudgetTerms) {
+        self.terms = terms;
+    }
+
     #[cfg(test)]
     fn free_tokens(&self) -> f64 {
         self.free as f64 / MICROS_PER_TOKEN as f64

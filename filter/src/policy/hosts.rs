@@ -76,7 +76,7 @@
 //!   times as busy before it looks as costly).
 
 use super::membership::Member;
-use super::shared_state::{SharedHost, MAX_HOSTS, MAX_HOST_ADDRESS};
+use super::shared_state::{SharedHost, MAX_COST_LOG, MAX_HOSTS, MAX_HOST_ADDRESS};
 
 /// Share of the gap a sample above the cost closes.
 pub const RISE: f64 = 1.0 / 16.0;
@@ -127,6 +127,9 @@ pub struct Host {
     /// The shared cost this worker started from at the last tick, if the
     /// host was in the shared value then.
     base_log: Option<f64>,
+    /// How much of `base_log` the cost still holds: the product of the
+    /// EWMA's keep factors (1 - gain) since the tick (see `merge_into`).
+    base_kept: f64,
     /// Decaying count of failures (shared, as of the last tick, plus this
     /// worker's since).
     failures: f64,
@@ -180,6 +183,7 @@ impl Host {
             address,
             cost_log: 0.0,
             base_log: None,
+            base_kept: 1.0,
             failures: 0.0,
             new_failures: 0.0,
             samples: 0,
@@ -216,10 +220,13 @@ impl Host {
         let l = latency_us.max(1.0).ln();
         if self.samples == 0 {
             self.cost_log = l;
+            self.base_kept = 0.0;
         } else if l > self.cost_log {
             self.cost_log += RISE * (l - self.cost_log);
+            self.base_kept *= 1.0 - RISE;
         } else if both_ways {
             self.cost_log += FALL * (l - self.cost_log);
+            self.base_kept *= 1.0 - FALL;
         }
         self.samples = self.samples.saturating_add(1);
         self.new_samples = self.new_samples.saturating_add(1);
@@ -237,6 +244,7 @@ impl Host {
         self.gone = false;
         self.cost_log = shared.cost_log;
         self.base_log = Some(shared.cost_log);
+        self.base_kept = 1.0;
         self.failures = shared.failures;
         self.new_failures = 0.0;
         self.samples = shared.samples;
@@ -585,15 +593,27 @@ impl Hosts {
             };
             let Some(s) = slot else { continue };
             if local.new_samples > 0 {
-                // this worker's movement since it last read the shared cost;
-                // a host it found since then: its cost, weighed by samples
-                s.cost_log = match local.base_log {
-                    Some(base) if s.samples > 0 => s.cost_log + (local.cost_log - base),
+                // This worker's samples applied to the shared cost as it is
+                // now: the EWMA is linear, cost = kept x base + what the
+                // samples added, so on the current value it gives
+                // cost + kept x (shared - base). Adding the movement alone
+                // (cost - base) counted every worker's pull in full: with
+                // N workers each closing a share f of the gap in a tick the
+                // shared cost moved N x f of it, past the latency once N x f
+                // > 1 and swinging wider each tick once N x f > 2 (eight
+                // workers at 50 answers a host and tick), until the value
+                // no longer decoded. A host found since the tick: its cost,
+                // weighed by samples.
+                let merged = match local.base_log {
+                    Some(base) if s.samples > 0 => {
+                        local.cost_log + local.base_kept * (s.cost_log - base)
+                    }
                     _ => {
                         let (old, new) = (s.samples as f64, local.new_samples as f64);
                         (s.cost_log * old + local.cost_log * new) / (old + new)
                     }
                 };
+                s.cost_log = merged.clamp(0.0, MAX_COST_LOG);
             }
             s.samples = s.samples.saturating_add(local.new_samples);
             s.failures = (s.failures + local.new_failures).clamp(0.0, FAILURE_CAP);
@@ -1240,6 +1260,55 @@ mod tests {
         let together = b.get(bx).unwrap().cost_us();
         assert!(together > alone * 1.2, "{together} vs {alone}");
         assert_eq!(shared.first().unwrap().samples, 28);
+    }
+
+    /// Many workers, each seeing many answers a tick: the shared cost
+    /// follows the latency and never passes it. Adding every worker's
+    /// movement in full took it 8 x 96% of the way in one tick, to about
+    /// e^35 µs, a value the decoder refuses.
+    #[test]
+    fn many_busy_workers_move_the_shared_cost_no_further_than_the_latency() {
+        let mut workers: Vec<Hosts> = (0..8).map(|_| Hosts::default()).collect();
+        let mut shared = Vec::new();
+        let mut now = T0;
+        let mut tick = |workers: &mut Vec<Hosts>, shared: &mut Vec<SharedHost>, us: f64| {
+            now += 200;
+            for w in workers.iter_mut() {
+                let x = w.find_or_add(b"x:80").unwrap();
+                for i in 0..50 {
+                    // a little noise around the latency, both ways
+                    w.observe(x, us * (0.9 + 0.2 * f64::from(i % 2)));
+                }
+            }
+            for w in workers.iter_mut() {
+                w.merge_into(shared, now);
+            }
+            for w in workers.iter_mut() {
+                w.refresh(shared, None);
+            }
+            shared.first().unwrap().cost_log.exp()
+        };
+        for _ in 0..5 {
+            tick(&mut workers, &mut shared, 1_000.0);
+        }
+        let steady = tick(&mut workers, &mut shared, 1_000.0);
+        assert!((900.0..1_100.0).contains(&steady), "{steady}");
+        // the host turns 100 times slower: within a tick or two, not past it
+        for i in 0..10 {
+            let cost = tick(&mut workers, &mut shared, 100_000.0);
+            assert!(cost <= 110_000.0, "tick {i}: {cost}");
+            if i >= 2 {
+                assert!(cost >= 80_000.0, "tick {i}: {cost}");
+            }
+        }
+        // and back, as fast as one worker given all the answers would
+        for i in 0..3 {
+            let cost = tick(&mut workers, &mut shared, 1_000.0);
+            assert!(cost >= 900.0, "tick {i}: {cost}");
+            if i == 2 {
+                assert!(cost < 2_000.0, "tick {i}: {cost}");
+            }
+        }
     }
 
     #[test]

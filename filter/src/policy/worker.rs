@@ -819,12 +819,17 @@ impl Worker {
         }
         let target = match policy {
             Ok(policy) => match self.index.get(name.as_bytes()) {
-                // the same name with other metadata: the route changed (xDS)
+                // the same name with other metadata: the route changed (xDS).
+                // The metadata it had before no longer leads here: were the
+                // change rolled back, that entry would hedge the route with
+                // this policy. The budget keeps its tokens and armed
+                // hedges (a fresh one would refund those in flight in full).
                 Some(&id) => {
                     if let Some(state) = self.clusters.get_mut(id) {
-                        state.budget = LocalBudget::new(budget_terms(&policy));
+                        state.budget.retune(budget_terms(&policy));
                         state.policy = Arc::new(policy);
                     }
+                    self.variants.retain(|v| v.target != Some(id));
                     Some(id)
                 }
                 None => match self.insert(name, cluster_name.to_string(), Arc::new(policy)) {

@@ -943,6 +943,45 @@ mod tests {
             .is_some());
     }
 
+    /// A route's overrides changed by xDS and changed back: each time the
+    /// route is hedged with the overrides it has now (the first ones'
+    /// entry once led to the policy of the second).
+    #[test]
+    fn a_route_s_overrides_rolled_back_take_effect_again() {
+        use crate::route_metadata::encode;
+        let (host, mut plugin) = warmed(r#"{"debug_header": true, "min_samples": 20}"#);
+        let mut on_route = |overrides: &serde_json::Value| {
+            for _ in 0..crate::route_metadata_cache::FRESH_TICKS {
+                plugin.on_tick(); // the overrides are read again
+            }
+            let mut debug = String::new();
+            for i in 0..30 {
+                host.request(Some("backend"), GET);
+                host.set_property(ROUTE_NAME, b"export");
+                host.set_property(ROUTE_OVERRIDES, &encode(overrides));
+                let mut r = request(&plugin);
+                r.on_request_headers();
+                host.advance_ms(1 + i % 3); // all before the delay
+                host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+                host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+                r.on_response_headers(false);
+                r.on_log();
+                debug = host.response_header_text(DEBUG_HEADER).unwrap_or_default();
+                plugin.on_tick();
+            }
+            debug
+        };
+        let two = serde_json::json!({"max_hedges": 2});
+        let off = serde_json::json!({"disabled": true});
+        let first = on_route(&two);
+        assert!(first.starts_with("armed"), "{first}");
+        assert_eq!(on_route(&off), "skipped; reason=disabled");
+        let back = on_route(&two);
+        assert!(back.starts_with("armed"), "rolled back: {back}");
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("2"));
+        assert_eq!(on_route(&off), "skipped; reason=disabled");
+    }
+
     /// Outlier detection with the local-origin split counts each fired
     /// per-try timeout as a failure: a worker arms no more while two of its
     /// armed requests are past their delay, and arms again once one ends.
