@@ -330,8 +330,13 @@ fn hostile_control_header_values_change_nothing() {
             assert_eq!(got.get(&503).copied(), Some(20), "{got:?}");
         } else {
             // one attempt each, even where the client asked for 5 hedges
-            // 1 ms apart on a host that takes 20 ms
-            assert_eq!(arrivals, 20, "the client's headers multiplied the attempts");
+            // 1 ms apart on a host that takes 20 ms (up to 120 attempts);
+            // two more at most: a stall of the loop past the filter's own
+            // 50 ms delay sends the filter's hedge
+            assert!(
+                (20..=22).contains(&arrivals),
+                "the client's headers multiplied the attempts: {arrivals}"
+            );
             assert_eq!(got.get(&200).copied(), Some(20), "{got:?}");
         }
     }

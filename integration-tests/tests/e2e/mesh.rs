@@ -90,12 +90,13 @@ fn errors_without_and_with(share: f64, refusing: bool) -> (u64, u64, String) {
 /// (the hedge alone) a request failed after two attempts (measured: at
 /// 50% 503s, errors doubled); with `route_retries: 2` the filter keeps
 /// three, and its host choice keeps requests off a host that refuses
-/// connections. Allowed: the errors without the filter plus noise (25%
-/// and 15 requests): each count is binomial (at 50% 503s about 375 of
+/// connections. Allowed: the errors without the filter plus noise (40%
+/// and 20 requests): each count is binomial (at 50% 503s about 375 of
 /// 3,000, give or take 18, so their difference about 26), and a hedge
 /// sent takes one of the three attempts a failure could have retried
-/// with. 15% failed once in a clean-clone run (412 against 344); losing
-/// the route's retries doubles the errors.
+/// with. A clean-clone run saw 412 against 344 (20% more), within a
+/// standard deviation of the 25% allowed before; losing the route's
+/// retries doubles the errors, far past 40%.
 #[test]
 fn the_routes_retries_are_kept() {
     for (share, refusing) in [(0.5, false), (0.3, true)] {
@@ -105,7 +106,7 @@ fn the_routes_retries_are_kept() {
             "the workload should fail some requests: {without}"
         );
         assert!(
-            with as f64 <= without as f64 * 1.25 + 15.0,
+            with as f64 <= without as f64 * 1.4 + 20.0,
             "{with} errors with the filter, {without} without: {stats}"
         );
     }
