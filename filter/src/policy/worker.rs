@@ -493,6 +493,8 @@ pub struct Worker {
     index: HashMap<Box<[u8]>, ClusterId>,
     metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
+    /// The worker's own table of clusters was found full (see `insert`).
+    table_full_logged: bool,
     /// Where this tick's look for idle clusters starts in the registry.
     eviction_cursor: usize,
     /// Ticks so far, and their period (µs).
@@ -587,6 +589,7 @@ impl Worker {
             index: HashMap::new(),
             metrics: MetricTable::default(),
             registry_full_logged: false,
+            table_full_logged: false,
             eviction_cursor: 0,
             ticks: 0,
             tick_us,
@@ -757,7 +760,23 @@ impl Worker {
         // tracked, and a worker whose first names were refused there (other
         // workers registered theirs first) must still be able to take the
         // clusters that were registered. Memory stays bounded either way.
-        if self.clusters_full() || name.len() > MAX_CLUSTER_NAME {
+        if name.len() > MAX_CLUSTER_NAME {
+            return None;
+        }
+        if self.clusters_full() {
+            // Names are kept for the VM's life (a slot in the registry is
+            // given back, the worker's entry is not): say so once, since
+            // from here only `untracked_requests_total` tells.
+            if !self.table_full_logged {
+                self.table_full_logged = true;
+                self.pending_log.push((
+                    Level::Warn,
+                    format!(
+                        "{} cluster and route names seen by this worker (2 x max_clusters): cluster \"{name}\" and any further new one pass through unhedged until the plugin restarts",
+                        self.clusters.len()
+                    ),
+                ));
+            }
             return None;
         }
         let id = self.clusters.len();
@@ -2639,6 +2658,30 @@ mod tests {
         assert!(matches!(d, Decision::Arm(_)), "{d:?}");
         assert_eq!(
             decision(&mut a, b"a1", b"GET"),
+            Decision::Skip(Skip::Untracked)
+        );
+    }
+
+    /// A worker keeps its names for the VM's life: past twice
+    /// `max_clusters` new ones pass unhedged, and the log says so once.
+    #[test]
+    fn a_full_table_of_names_is_logged_once() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"max_clusters": 1}"#));
+        let mut log = Lines::default();
+        for name in ["c1", "c2", "c3", "c4"] {
+            w.confirm_cluster(name.as_bytes());
+        }
+        w.sync(T0, &store, &mut log);
+        let full: Vec<_> = log
+            .0
+            .iter()
+            .filter(|l| l.contains("2 x max_clusters"))
+            .collect();
+        assert_eq!(full.len(), 1, "{:?}", log.0);
+        assert!(full[0].contains("\"c3\""), "{}", full[0]);
+        assert_eq!(
+            decision(&mut w, b"c4", b"GET"),
             Decision::Skip(Skip::Untracked)
         );
     }
