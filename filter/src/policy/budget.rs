@@ -124,9 +124,15 @@ impl LocalBudget {
     }
 
     /// New terms (a route's overrides changed): the tokens and the armed
-    /// hedges stay; the caps follow at the next tick.
+    /// hedges stay, repriced at the new set-aside (they are refunded or
+    /// charged at it); the caps follow at the next tick.
     pub fn retune(&mut self, terms: BudgetTerms) {
+        let before = self.set_aside();
         self.terms = terms;
+        let more = self.set_aside() - before;
+        self.free = self
+            .free
+            .saturating_sub(signed(self.uncharged).saturating_mul(more));
     }
 
     #[cfg(test)]
@@ -543,6 +549,24 @@ mod tests {
             "{}",
             b.free_tokens()
         );
+    }
+
+    /// A route's overrides change while hedges are armed: those refunded
+    /// after the change give back what they took, no more, and those
+    /// charged cost a whole token each.
+    #[test]
+    fn new_terms_reprice_the_hedges_armed_before() {
+        let mut b = budget(5 * TOKEN);
+        let (n, cohort) = arm(&mut b, 2);
+        assert_eq!(n, 2);
+        b.retune(BudgetTerms {
+            set_aside: micro_tokens(0.3),
+            ..TERMS
+        });
+        b.settle(cohort, 1, 0);
+        assert!((b.free_tokens() - 4.7).abs() < 1e-9, "{}", b.free_tokens());
+        b.tick(3, 10, TICKS_PER_SECOND, 1); // the other one's delay passed
+        assert!((b.free_tokens() - 4.0).abs() < 1e-9, "{}", b.free_tokens());
     }
 
     #[test]

@@ -49,10 +49,12 @@
 //!   hosts are slow, the slowness is the cluster's, and the delay, not the
 //!   host choice, is the answer.
 //! - **All workers together**: each worker moves its local costs with its
-//!   own responses between ticks and, on the tick, adds what it moved (the
-//!   difference from the shared cost it started from) to the shared value
-//!   under the cluster's compare-and-swap, then starts again from the
-//!   shared costs. Nothing shared is touched per request.
+//!   own responses between ticks and, on the tick, applies them to the
+//!   shared cost as it is then (its cost, plus the share of the tick's
+//!   starting cost its answers kept times what the other workers moved it
+//!   since: see `merge_into`) under the cluster's compare-and-swap, then
+//!   starts again from the shared costs. Nothing shared is touched per
+//!   request.
 //! - **Ageing**: a host not heard from for `FORGET_MS` (removed from the
 //!   cluster, or no longer answering) is dropped. Sooner than that, a host
 //!   Envoy no longer has is noticed by each worker: named as the primary
@@ -594,9 +596,9 @@ impl Hosts {
             let Some(s) = slot else { continue };
             if local.new_samples > 0 {
                 // This worker's samples applied to the shared cost as it is
-                // now: the EWMA is linear, cost = kept x base + what the
-                // samples added, so on the current value it gives
-                // cost + kept x (shared - base). Adding the movement alone
+                // now: the EWMA is linear between its rises and falls, cost =
+                // kept x base + what the samples added, so on the current
+                // value it gives about cost + kept x (shared - base). Adding the movement alone
                 // (cost - base) counted every worker's pull in full: with
                 // N workers each closing a share f of the gap in a tick the
                 // shared cost moved N x f of it, past the latency once N x f
@@ -605,7 +607,9 @@ impl Hosts {
                 // no longer decoded. A host found since the tick: its cost,
                 // weighed by samples.
                 let merged = match local.base_log {
-                    Some(base) if s.samples > 0 => {
+                    // (nothing kept: the worker's first sample set its cost,
+                    // so it is weighed as a new host's)
+                    Some(base) if s.samples > 0 && local.base_kept > 0.0 => {
                         local.cost_log + local.base_kept * (s.cost_log - base)
                     }
                     _ => {

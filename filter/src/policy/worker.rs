@@ -665,6 +665,7 @@ impl Worker {
         // name from a client header that no cluster has costs nothing.
         let Some(&cluster_id) = self.index.get(name) else {
             if self.clusters_full() {
+                self.table_full(name);
                 self.metrics.add(WorkerMetric::UntrackedRequests, 1);
                 return decision::plan(request, &self.config, Cluster::Untracked);
             }
@@ -750,6 +751,24 @@ impl Worker {
         self.clusters.len() >= LOCAL_CLUSTERS_PER_LIMIT * self.config.max_clusters
     }
 
+    /// `name` found no room in the worker's table. Names are kept for the
+    /// VM's life (a slot in the registry is given back, the worker's entry
+    /// is not): said once, since from here only `untracked_requests_total`
+    /// tells.
+    fn table_full(&mut self, name: &[u8]) {
+        if std::mem::replace(&mut self.table_full_logged, true) {
+            return;
+        }
+        self.pending_log.push((
+            Level::Warn,
+            format!(
+                "{} cluster and route names seen by this worker (2 x max_clusters): cluster \"{}\" and any further new one pass through unhedged until the plugin restarts",
+                self.clusters.len(),
+                String::from_utf8_lossy(name)
+            ),
+        ));
+    }
+
     fn insert(
         &mut self,
         name: String,
@@ -764,19 +783,7 @@ impl Worker {
             return None;
         }
         if self.clusters_full() {
-            // Names are kept for the VM's life (a slot in the registry is
-            // given back, the worker's entry is not): say so once, since
-            // from here only `untracked_requests_total` tells.
-            if !self.table_full_logged {
-                self.table_full_logged = true;
-                self.pending_log.push((
-                    Level::Warn,
-                    format!(
-                        "{} cluster and route names seen by this worker (2 x max_clusters): cluster \"{name}\" and any further new one pass through unhedged until the plugin restarts",
-                        self.clusters.len()
-                    ),
-                ));
-            }
+            self.table_full(name.as_bytes());
             return None;
         }
         let id = self.clusters.len();
@@ -799,6 +806,14 @@ impl Worker {
             return v
                 .target
                 .map_or(VariantLookup::Refused, VariantLookup::Cluster);
+        }
+        // A named route with other metadata than before: the route changed
+        // (xDS). Its entries go (a rollback is parsed again and takes
+        // effect; an entry of the old metadata led to the cluster state
+        // that now holds the new settings) and make room for the new one.
+        if !route.is_empty() {
+            self.variants
+                .retain(|v| !(*v.route == *route && *v.cluster == *cluster));
         }
         if self.variants.len() >= MAX_ROUTE_VARIANTS {
             return VariantLookup::Full;
@@ -838,17 +853,15 @@ impl Worker {
         }
         let target = match policy {
             Ok(policy) => match self.index.get(name.as_bytes()) {
-                // the same name with other metadata: the route changed (xDS).
-                // The metadata it had before no longer leads here: were the
-                // change rolled back, that entry would hedge the route with
-                // this policy. The budget keeps its tokens and armed
-                // hedges (a fresh one would refund those in flight in full).
+                // the same name with other metadata: the route changed
+                // (xDS; its old entries went above). The budget keeps its
+                // tokens and armed hedges (a fresh one would refund those in
+                // flight in full).
                 Some(&id) => {
                     if let Some(state) = self.clusters.get_mut(id) {
                         state.budget.retune(budget_terms(&policy));
                         state.policy = Arc::new(policy);
                     }
-                    self.variants.retain(|v| v.target != Some(id));
                     Some(id)
                 }
                 None => match self.insert(name, cluster_name.to_string(), Arc::new(policy)) {
@@ -2662,6 +2675,27 @@ mod tests {
         );
     }
 
+    /// A named route whose overrides change takes no further entry: with
+    /// the table of route variants full it is still hedged by its own.
+    #[test]
+    fn a_route_s_changed_overrides_replace_its_entry() {
+        use crate::route_metadata::encode;
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"c");
+        let mut plan = |route: &str, hedges: u64| {
+            let metadata = encode(&serde_json::json!({ "max_hedges": hedges }));
+            w.plan_route(Some(b"c"), Some(route.as_bytes()), &metadata, &GET, None)
+                .decision
+        };
+        for i in 0..MAX_ROUTE_VARIANTS {
+            assert_ne!(plan(&format!("r{i}"), 2), Decision::Skip(Skip::Untracked));
+        }
+        assert_eq!(plan("one more", 2), Decision::Skip(Skip::Untracked));
+        for hedges in [3, 2, 3] {
+            assert_ne!(plan("r0", hedges), Decision::Skip(Skip::Untracked));
+        }
+    }
+
     /// A worker keeps its names for the VM's life: past twice
     /// `max_clusters` new ones pass unhedged, and the log says so once.
     #[test]
@@ -2669,9 +2703,15 @@ mod tests {
         let store = MemoryStore::default();
         let mut w = Worker::new(config(r#"{"max_clusters": 1}"#));
         let mut log = Lines::default();
-        for name in ["c1", "c2", "c3", "c4"] {
+        for name in ["c1", "c2"] {
             w.confirm_cluster(name.as_bytes());
         }
+        // as the proxy plans a request to a cluster it has not seen answer
+        for name in [&b"c3"[..], b"c4", b"c3"] {
+            let plan = w.plan_route(Some(name), None, &[], &GET, None);
+            assert_eq!(plan.decision, Decision::Skip(Skip::Untracked));
+        }
+        w.confirm_cluster(b"c5");
         w.sync(T0, &store, &mut log);
         let full: Vec<_> = log
             .0
@@ -2680,10 +2720,6 @@ mod tests {
             .collect();
         assert_eq!(full.len(), 1, "{:?}", log.0);
         assert!(full[0].contains("\"c3\""), "{}", full[0]);
-        assert_eq!(
-            decision(&mut w, b"c4", b"GET"),
-            Decision::Skip(Skip::Untracked)
-        );
     }
 
     /// A delay of seconds keeps many requests armed at once: the exposure
