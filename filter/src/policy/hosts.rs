@@ -596,16 +596,16 @@ impl Hosts {
             let Some(s) = slot else { continue };
             if local.new_samples > 0 {
                 // This worker's samples applied to the shared cost as it is
-                // now: the EWMA is linear between its rises and falls, cost =
-                // kept x base + what the samples added, so on the current
-                // value it gives about cost + kept x (shared - base). Adding the movement alone
-                // (cost - base) counted every worker's pull in full: with
-                // N workers each closing a share f of the gap in a tick the
-                // shared cost moved N x f of it, past the latency once N x f
-                // > 1 and swinging wider each tick once N x f > 2 (eight
-                // workers at 50 answers a host and tick), until the value
-                // no longer decoded. A host found since the tick: its cost,
-                // weighed by samples.
+                // now: the EWMA is linear between its rises and falls, cost
+                // = kept x base + what the samples added, so on the current
+                // value they give about cost + kept x (shared - base).
+                // Adding the movement alone (cost - base) counted every
+                // worker's pull in full: with N workers each closing a share
+                // f of the gap in a tick the shared cost moved N x f of it,
+                // past the latency once N x f > 1 and swinging wider each
+                // tick once N x f > 2 (eight workers at 50 answers a host
+                // and tick), until the value no longer decoded. A host found
+                // since the tick: its cost, weighed by samples.
                 let merged = match local.base_log {
                     // (nothing kept: the worker's first sample set its cost,
                     // so it is weighed as a new host's)

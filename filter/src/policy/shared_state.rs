@@ -39,8 +39,8 @@ pub const MAX_ROUTES: usize = 64;
 /// Hosts one cluster value holds at most: 64 x about 60 bytes (an IPv6
 /// address with its port is at most 47 bytes).
 pub const MAX_HOSTS: usize = 64;
-/// The highest host cost a value holds (ln µs: about three hours); one
-/// above it is garbage, and the value does not decode.
+/// The highest host cost a value holds (ln µs: e^30 µs is about four
+/// months); one above it is garbage, and the value does not decode.
 pub const MAX_COST_LOG: f64 = 30.0;
 /// Longer `upstream.address` values are not tracked (a Unix socket's path
 /// is at most 108 bytes).
@@ -345,8 +345,8 @@ impl SharedCluster {
                 .to_string();
             let cost_log = r.f64()?;
             let failures = r.f64()?;
-            // a cost of at most ~4,000 s, failures not negative: NaN and
-            // infinities are garbage (and would never compare equal again)
+            // a cost of at most `MAX_COST_LOG`, failures not negative: NaN
+            // and infinities are garbage (and would never compare equal again)
             if !(0.0..=MAX_COST_LOG).contains(&cost_log) || !(0.0..=1e9).contains(&failures) {
                 return Err(DecodeError::Corrupt("host cost out of range"));
             }
