@@ -140,6 +140,9 @@ pub struct Host {
     new_samples: u64,
     /// Requests this worker sent it by choice that have not ended.
     pub in_flight: u32,
+    /// This worker's requests in flight naming it as their hedge's host:
+    /// its slot is kept for them (their per-try timeouts count on it).
+    hedge_of: u32,
     /// Responses attributed to it since the last tick (this worker).
     responses_this_tick: u32,
     pub probation: bool,
@@ -191,6 +194,7 @@ impl Host {
             samples: 0,
             new_samples: 0,
             in_flight: 0,
+            hedge_of: 0,
             responses_this_tick: 0,
             probation: false,
             unreachable: false,
@@ -344,7 +348,11 @@ impl Hosts {
         }
         let address = std::str::from_utf8(address).ok()?.to_string();
         // a slot of a forgotten host nothing names any more
-        if let Some(id) = self.hosts.iter().position(|h| h.gone && h.in_flight == 0) {
+        if let Some(id) = self
+            .hosts
+            .iter()
+            .position(|h| h.gone && h.in_flight == 0 && h.hedge_of == 0)
+        {
             if let Some(slot) = self.hosts.get_mut(id) {
                 *slot = Host::new(address);
             }
@@ -553,14 +561,21 @@ impl Hosts {
         (checks, misses)
     }
 
-    /// A chosen request started (`true`) or ended on its primary.
-    pub fn track(&mut self, primary: HostId, started: bool) {
-        if let Some(h) = self.hosts.get_mut(primary) {
-            h.in_flight = if started {
-                h.in_flight.saturating_add(1)
+    /// A chosen request started (`true`) or ended: in flight on its
+    /// primary, and naming its hedge's host.
+    pub fn track(&mut self, pick: HostPick, started: bool) {
+        let step = |n: u32| {
+            if started {
+                n.saturating_add(1)
             } else {
-                h.in_flight.saturating_sub(1)
-            };
+                n.saturating_sub(1)
+            }
+        };
+        if let Some(h) = self.hosts.get_mut(pick.primary) {
+            h.in_flight = step(h.in_flight);
+        }
+        if let Some(h) = pick.hedge.and_then(|id| self.hosts.get_mut(id)) {
+            h.hedge_of = step(h.hedge_of);
         }
     }
 
@@ -1085,7 +1100,7 @@ mod tests {
             state = mix(state);
             if let Some(pick) = hosts.choose(2, state, false) {
                 counts[pick.primary] += 1;
-                hosts.track(pick.primary, true);
+                hosts.track(pick, true);
             }
         }
         for c in counts {
@@ -1324,10 +1339,22 @@ mod tests {
         hosts.merge_into(&mut shared, T0 + FORGET_MS + 1);
         assert_eq!(hosts.refresh(&shared, None).tracked, 1);
         assert!(hosts.get(1).unwrap().gone);
-        // its slot goes to the next new host once nothing names it
-        hosts.track(1, true);
+        // its slot goes to the next new host once nothing names it, as
+        // primary or as a hedge's host
+        let primary = HostPick {
+            primary: 1,
+            hedge: None,
+        };
+        let hedge = HostPick {
+            primary: 0,
+            hedge: Some(1),
+        };
+        hosts.track(primary, true);
+        hosts.track(hedge, true);
         assert_eq!(hosts.find_or_add(b"new:80"), Some(2));
-        hosts.track(1, false);
+        hosts.track(primary, false);
+        assert_eq!(hosts.find_or_add(b"new2:80"), Some(3));
+        hosts.track(hedge, false);
         assert_eq!(hosts.find_or_add(b"newer:80"), Some(1));
         let mut many = Hosts::default();
         for i in 0..(3 * MAX_HOSTS) {

@@ -457,7 +457,7 @@ impl ClusterState {
             self.armed.armed(deadline, per_try_ns, plan.hosts);
         }
         if let Some(pick) = plan.hosts {
-            self.hosts.track(pick.primary, true);
+            self.hosts.track(pick, true);
             if let Some(now) = now_ns {
                 self.hosts.attempt_started(pick.primary, now);
             }
@@ -1012,7 +1012,7 @@ impl Worker {
     /// A request whose host the filter chose ended.
     pub fn end_pick(&mut self, id: ClusterId, pick: HostPick) {
         if let Some(state) = self.clusters.get_mut(id) {
-            state.hosts.track(pick.primary, false);
+            state.hosts.track(pick, false);
         }
     }
 
