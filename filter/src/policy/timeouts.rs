@@ -244,7 +244,20 @@ impl ArmedRequests {
     }
 
     pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) {
-        let at = deadline_ns.saturating_sub(per_try_ns);
+        let armed = Armed {
+            deadline_ns,
+            per_try_ns,
+            pick,
+            fired: 0,
+            reading: self.reading,
+        };
+        self.count_arming(armed.armed_ns());
+        self.armed.push(armed);
+    }
+
+    /// The arming rate: requests armed per ns over the last whole second
+    /// counted (`clearly_stale` reads it), `at` the time one was armed.
+    fn count_arming(&mut self, at: u64) {
         let since = *self.counted_since_ns.get_or_insert(at);
         self.counted += 1;
         if at < since || at - since > 2 * RATE_SPAN_NS {
@@ -257,13 +270,6 @@ impl ArmedRequests {
             self.counted = 0;
             self.counted_since_ns = Some(at);
         }
-        self.armed.push(Armed {
-            deadline_ns,
-            per_try_ns,
-            pick,
-            fired: 0,
-            reading: self.reading,
-        });
     }
 
     /// Counts the timeouts due by `now_ns` on their hosts; returns the
