@@ -18,14 +18,25 @@ pub const RETRY_GRPC_ON: &str = "x-envoy-retry-grpc-on";
 /// then, is turned back into a 504 by the filter.
 pub const TIMEOUT_ALT_RESPONSE: &str = "x-envoy-upstream-rq-timeout-alt-response";
 
+/// Envoy's router: status codes and response headers that count as
+/// retriable where the route's `retry_on` has `retriable-status-codes` or
+/// `retriable-headers` (Istio's default has the first): a client's
+/// `x-envoy-retriable-status-codes: 200` on an armed request would have
+/// every success retried, on the cluster's budget.
+pub const RETRIABLE_STATUS_CODES: &str = "x-envoy-retriable-status-codes";
+pub const RETRIABLE_HEADER_NAMES: &str = "x-envoy-retriable-header-names";
+
 /// Every request header that can make Envoy send more than one attempt.
-/// A client never sets them: the filter removes or overwrites each one.
-pub const CONTROL_HEADERS: [&str; 5] = [
+/// A client never sets them: the filter removes each one it sent (then
+/// writes its own on an armed request).
+pub const CONTROL_HEADERS: [&str; 7] = [
     PER_TRY_TIMEOUT,
     HEDGE_ON_PER_TRY_TIMEOUT,
     MAX_RETRIES,
     RETRY_ON,
     RETRY_GRPC_ON,
+    RETRIABLE_STATUS_CODES,
+    RETRIABLE_HEADER_NAMES,
 ];
 
 /// Set by the downstream role on the requests it arms when `latency_signal`

@@ -73,8 +73,9 @@ pub struct BudgetTerms {
     pub burst: u64,
     /// Set aside per armed hedge (its expected cost, at most one token).
     pub set_aside: u64,
-    /// Seconds of earnings a worker (and the pool) may save (`budget_reserve`).
-    pub reserve_seconds: u64,
+    /// Milliseconds of earnings a worker (and the pool) may save
+    /// (`budget_reserve`; "1500ms" is a second and a half, not one).
+    pub reserve_ms: u64,
 }
 
 /// The armed hedges of one tick not yet charged in full.
@@ -101,7 +102,7 @@ pub struct LocalBudget {
     exposure_cap: i64,
     /// The worker's tick count (see `tick`).
     now: u64,
-    /// The most free tokens kept: `burst`, or `reserve_seconds` of this
+    /// The most free tokens kept: `burst`, or `reserve_ms` of this
     /// worker's earnings at its rate of about the last second if that is
     /// more (see `tick`).
     saved_cap: i64,
@@ -282,12 +283,13 @@ impl LocalBudget {
         self.exposure_cap = signed(self.terms.burst).max(span_cost);
         // At a high rate `burst` tokens are spent and earned within a tick:
         // the balance would touch zero at every fluctuation and refuse random
-        // requests. The reserve: `reserve_seconds` of earnings at the last
+        // requests. The reserve: `reserve_ms` of earnings at the last
         // second's rate (see "The budget" in design.md).
         let per_second = (rate * ticks_per_second.max(0.0)) as i64;
         let reserve = signed(self.terms.share)
             .saturating_mul(per_second)
-            .saturating_mul(signed(self.terms.reserve_seconds.max(1)));
+            .saturating_mul(signed(self.terms.reserve_ms.max(1)))
+            / 1000;
         self.saved_cap = signed(self.terms.burst).max(reserve);
     }
 
@@ -415,7 +417,7 @@ mod tests {
         share: 100_000, // 10%
         burst: BURST,
         set_aside: 80_000, // the delay is the p92
-        reserve_seconds: 1,
+        reserve_ms: 1_000,
     };
     /// The default tick: 200 ms.
     const TICKS_PER_SECOND: f64 = 5.0;
@@ -454,12 +456,12 @@ mod tests {
         assert_eq!(b.free_tokens(), 500.0);
     }
 
-    /// The reserve: `reserve_seconds` of earnings at the current rate, and
+    /// The reserve: `reserve_ms` of earnings at the current rate, and
     /// how full it is.
     #[test]
     fn the_reserve_holds_seconds_of_earnings_and_says_how_full_it_is() {
         let mut b = LocalBudget::new(BudgetTerms {
-            reserve_seconds: 10,
+            reserve_ms: 10_000,
             ..TERMS
         });
         assert_eq!(b.reserve_fill(), 0.0);
@@ -481,6 +483,22 @@ mod tests {
         let mut pool = 0;
         b.rebalance(&mut pool);
         assert_eq!((b.free_tokens(), pool), (500.0, 0), "nothing above the cap");
+    }
+
+    /// `budget_reserve: 1500ms` is a second and a half of earnings, not one
+    /// second (the terms were whole seconds until 2026-11-28).
+    #[test]
+    fn a_reserve_of_fractional_seconds_keeps_its_fraction() {
+        let mut b = LocalBudget::new(BudgetTerms {
+            reserve_ms: 1_500,
+            ..TERMS
+        });
+        // 50 tokens a second, as above
+        b.tick(1, 100, TICKS_PER_SECOND, 0);
+        for _ in 0..2_000 {
+            b.earn();
+        }
+        assert_eq!(b.free_tokens(), 75.0);
     }
 
     #[test]
@@ -600,7 +618,7 @@ mod tests {
         // 100 requests every other tick (a front end's fan-out at 2.5 a
         // second): the reserve holds the mean rate's 10 s of earnings
         let mut b = LocalBudget::new(BudgetTerms {
-            reserve_seconds: 10,
+            reserve_ms: 10_000,
             ..TERMS
         });
         for tick in 1..=50u64 {

@@ -480,11 +480,13 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         hosts = choose(false, &anywhere);
     }
     let mut strip = match &decision {
-        // The armed headers replace the client's; a client's marker goes
-        // unless this request is marked anyway.
+        // The client's control headers go, then the armed ones are written
+        // (overwriting was not enough: a plain request is armed without
+        // `x-envoy-retry-grpc-on`, and the retriable codes are not armed at
+        // all); a client's marker goes unless this request is marked anyway.
         Decision::Arm(a) if a.shadow => Strip::client_sent(request),
         Decision::Arm(a) => Strip {
-            control: false,
+            control: request.client_controls,
             marker: request.client_marker && !a.first_byte_marker,
             endpoint: request.client_endpoint,
         },
@@ -832,13 +834,17 @@ mod tests {
             ..GET
         };
         assert_eq!(with_defaults(&plain).strip, Strip::default());
-        // armed: the router headers are overwritten, not removed
+        // armed: the client's are removed too (arming does not write every
+        // one of them), then the armed ones written
         let armed = with_defaults(&Request {
             client_controls: true,
             ..GET
         });
         assert!(matches!(armed.decision, Decision::Arm(_)));
-        assert!(!armed.strip.control);
+        assert!(armed.strip.control);
+        let clean = with_defaults(&GET);
+        assert!(matches!(clean.decision, Decision::Arm(_)));
+        assert!(!clean.strip.control, "nothing sent, nothing removed");
         // unreadable headers: not armed, everything removed
         let p = with_defaults(&Request::UNREADABLE);
         assert_eq!(p.decision, Decision::Skip(Skip::Method));

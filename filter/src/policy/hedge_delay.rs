@@ -321,7 +321,7 @@ pub fn budget_terms(policy: &ClusterPolicy) -> BudgetTerms {
         share: micro_tokens(policy.budget_share()),
         burst: micro_tokens(policy.budget_burst),
         set_aside: micro_tokens((1.0 - trigger_quantile(policy)).max(MIN_SET_ASIDE)),
-        reserve_seconds: policy.budget_reserve.as_secs(),
+        reserve_ms: u64::try_from(policy.budget_reserve.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

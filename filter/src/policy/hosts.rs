@@ -98,6 +98,15 @@ pub const PROBATION_FACTOR: f64 = 2.5;
 pub const FRESH_ATTEMPT_AFTER: u32 = 1;
 /// Hosts not heard from for this long are forgotten (ms).
 pub const FORGET_MS: u64 = 10_000;
+
+/// Drops the hosts of a cluster's shared value not heard from for
+/// `FORGET_MS`. A worker whose policy does not choose hosts does only this:
+/// clearing them instead (as it did) erased, on every tick, what the workers
+/// of another configuration sharing the value learned (a reload that turns
+/// `host_choice` on, while the old configuration drains).
+pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64) {
+    shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS);
+}
 /// A failure's weight halves in about this long (ms; the time constant).
 pub const FAILURE_DECAY_MS: f64 = 5_000.0;
 /// Failures counted at most (a host failing everything is on probation
@@ -583,7 +592,7 @@ impl Hosts {
     /// once, so it reads `self` only): forgets silent hosts, adds what this
     /// worker learned since the last tick.
     pub fn merge_into(&self, shared: &mut Vec<SharedHost>, now_ms: u64) {
-        shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS);
+        forget_silent(shared, now_ms);
         for s in shared.iter_mut() {
             s.failures *= failure_keep(s.stamp_ms, now_ms);
             s.stamp_ms = s.stamp_ms.max(now_ms);

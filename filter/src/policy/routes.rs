@@ -138,9 +138,16 @@ impl Routes {
                 s.long.merge(now_ms, &local.samples);
             }
         }
-        // a config with fewer routes than the value holds (a new config
-        // shares the value): the last ones go
-        shared.truncate(max_routes);
+        // a config with fewer routes than the value holds (a new one
+        // shares the value): the routes past its limit go once idle for a
+        // window. At once (as before), a configuration draining after a
+        // reload that raised `max_routes` erased, every tick, the routes the
+        // new one was learning.
+        let mut kept = 0;
+        shared.retain(|s| {
+            kept += 1;
+            kept <= max_routes || !s.window.snapshot(now_ms).is_empty()
+        });
     }
 
     /// After the shared value was written: the samples are in it; every
@@ -281,9 +288,16 @@ mod tests {
         b.add_sample(two, 1000.0);
         b.merge_into(&mut shared, later, 1, geometry());
         assert_eq!(shared[0].name, "two");
-        // a config that allows fewer routes drops the last ones
+        // a config that allows fewer routes drops the last ones once idle,
+        // not those another configuration sharing the value still learns
+        let mut busy = SharedRoute::new("four".into(), geometry());
+        let mut sample = Sketch::new();
+        sample.add(1000.0);
+        busy.window.merge(later, &sample);
         shared.push(SharedRoute::new("three".into(), geometry()));
+        shared.push(busy);
         Routes::default().merge_into(&mut shared, later, 1, geometry());
-        assert_eq!(shared.len(), 1);
+        let names: Vec<&str> = shared.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["two", "four"]);
     }
 }

@@ -73,14 +73,17 @@ impl ClusterWindow {
         }
     }
 
-    /// Clears slices that have left the window (keeps the shared encoding small).
+    /// Clears slices that have left the window (keeps the shared encoding
+    /// small). A slice one ahead stays: a worker reads the clock once per
+    /// tick, so another may have written the next slice since (at a slice
+    /// boundary), and its samples are not to be lost. Snapshots skip it
+    /// until its time comes.
     pub fn expire(&mut self, now_ms: u64) {
         let now_epoch = self.geometry.epoch(now_ms);
         for i in 0..SLICES {
-            let live = self
-                .slices
-                .get(i)
-                .is_some_and(|s| self.is_live(s, now_epoch));
+            let live = self.slices.get(i).is_some_and(|s| {
+                self.is_live(s, now_epoch) || (!s.sketch.is_empty() && s.epoch == now_epoch + 1)
+            });
             if let (false, Some(slot)) = (live, self.slices.get_mut(i)) {
                 slot.sketch.clear();
                 slot.epoch = 0;
@@ -247,6 +250,22 @@ mod tests {
         assert_eq!(long.sketch.count(), 64 + 16);
         long.merge(t0 + 4 * LONG_HALF_LIFE_MS, &Sketch::new());
         assert_eq!(long.sketch.count(), 8 + 2);
+    }
+
+    /// Worker b read its clock just before a slice boundary that worker a
+    /// has crossed and written into: b's tick keeps a's slice.
+    #[test]
+    fn a_tick_just_before_a_boundary_keeps_the_next_slice() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(30)));
+        w.merge(4_000, &batch(1000.0, 10));
+        w.merge(5_001, &batch(1000.0, 20));
+        w.expire(4_999);
+        w.merge(4_999, &batch(1000.0, 5));
+        assert_eq!(w.snapshot(5_002).count(), 35);
+        // a slice further ahead (a clock stepped back) is dropped
+        w.merge(20_000, &batch(1000.0, 7));
+        w.expire(5_002);
+        assert_eq!(w.snapshot(20_000).count(), 35);
     }
 
     #[test]

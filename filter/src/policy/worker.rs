@@ -21,7 +21,7 @@ use super::hedge_delay::{
     budget_terms, hedge_delay, hedged_quantile, trigger_quantile, ArmedShare, BudgetState,
     Censoring, HedgeDelay, REGIME_SAMPLES,
 };
-use super::hosts::{mix, HostPick, Hosts, HostsSummary, OverrideCheck};
+use super::hosts::{self, mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::membership::{
     admin_path, config_dump_paths, parse_admin_clusters, parse_config_dump,
     parse_outlier_detection, Member, Membership, OutlierDetection,
@@ -64,6 +64,9 @@ pub const SAMPLES_PER_TICK: u32 = 256;
 /// Idle clusters a worker evicts per tick at most (it reads a value for
 /// each one it checks, up to four times as many).
 const EVICTIONS_PER_TICK: usize = 4;
+
+/// Evicted markers beside registered names a worker remembers (`stranded`).
+const MARKERS_REMEMBERED: usize = 32;
 
 /// Routes with overrides in their metadata a worker knows at most (each is
 /// hedged as a cluster of its own; past this their requests are not armed).
@@ -497,6 +500,12 @@ pub struct Worker {
     table_full_logged: bool,
     /// Where this tick's look for idle clusters starts in the registry.
     eviction_cursor: usize,
+    /// Registered names whose key held an evicted marker, and the tick it
+    /// was seen (see `stranded`).
+    markers_seen: Vec<(String, u64)>,
+    /// Names to take out of the registry on its next update: a marker
+    /// stranded beside them.
+    unregister: Vec<String>,
     /// Ticks so far, and their period (µs).
     ticks: u64,
     tick_us: u64,
@@ -591,6 +600,8 @@ impl Worker {
             registry_full_logged: false,
             table_full_logged: false,
             eviction_cursor: 0,
+            markers_seen: Vec::new(),
+            unregister: Vec::new(),
             ticks: 0,
             tick_us,
             random: 0,
@@ -845,6 +856,20 @@ impl Worker {
                     format!("{}{value}: {}", e.field, e.rule)
                 })
             });
+        // The glue reads responses' hosts and writes the host header only
+        // when the configuration chooses hosts somewhere (a client's header
+        // is left alone otherwise): a route cannot switch it on by itself.
+        let chooses_hosts = self.config.chooses_hosts();
+        let policy = policy.map(|mut p| {
+            if p.host_choice && !chooses_hosts {
+                p.host_choice = false;
+                warnings.push(
+                    "host_choice: no effect, the plugin's configuration chooses hosts for no cluster (set it at the top level or for the cluster)"
+                        .to_string(),
+                );
+            }
+            p
+        });
         for w in warnings {
             self.pending_log.push((
                 Level::Warn,
@@ -1106,10 +1131,11 @@ impl Worker {
                 c.tracking = Tracking::Pending;
             }
         }
-        if self
-            .clusters
-            .iter()
-            .any(|c| c.tracking == Tracking::Pending)
+        if !self.unregister.is_empty()
+            || self
+                .clusters
+                .iter()
+                .any(|c| c.tracking == Tracking::Pending)
         {
             self.register_pending(now_ms, store, log);
         }
@@ -1377,7 +1403,8 @@ impl Worker {
     fn register_pending(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         let max = self.config.max_clusters;
         let key = registry_key(self.geometry);
-        let evicted = self.evict_idle(now_ms, store, &key, max);
+        let mut evicted = self.evict_idle(now_ms, store, &key, max);
+        evicted.extend(self.unregister.iter().cloned());
         let clusters = &self.clusters;
         let mut outcome = Vec::new();
         let update = update_shared(
@@ -1414,6 +1441,7 @@ impl Worker {
         if self.account(update, log, "registry").is_none() {
             return;
         }
+        self.unregister.clear();
         if !evicted.is_empty() {
             self.metrics
                 .add(WorkerMetric::ClustersEvicted, evicted.len() as u64);
@@ -1452,8 +1480,8 @@ impl Worker {
     /// tick and worker (`stir`). Each one's key is
     /// left an evicted marker, written with the token read, so a cluster
     /// that turned busy in between keeps its value; a key that already holds
-    /// a marker (an eviction whose registry update failed) is taken out as
-    /// it is. Clusters this worker has samples or requests of waiting for
+    /// a marker seen at an earlier tick (an eviction whose registry update
+    /// failed: `stranded`) is taken out as it is. Clusters this worker has samples or requests of waiting for
     /// the tick are not idle. Returns the names, to take out of the registry.
     fn evict_idle(
         &mut self,
@@ -1507,7 +1535,7 @@ impl Worker {
                             .set(&cluster_key, &SharedCluster::evicted(), cas)
                             .is_ok()
                 }
-                Err(DecodeError::Evicted) => true,
+                Err(DecodeError::Evicted) => self.stranded(name),
                 Err(_) => false,
             };
             if evict {
@@ -1515,6 +1543,31 @@ impl Worker {
             }
         }
         evicted
+    }
+
+    /// Whether the evicted marker found in the key of registered `name` is
+    /// stranded: its eviction wrote the marker and then failed to update
+    /// the registry (eight conflicts in a row, a host error). Nothing else
+    /// takes such a name out, so a busy cluster was registered, found its
+    /// marker and was evicted again, tick after tick, unhedged for good. A
+    /// marker beside a registered name is also seen for a moment in two
+    /// races (an eviction between its two writes; a worker that has just
+    /// put the name back, before it replaces the marker): so it is
+    /// stranded only if it was seen at an earlier tick too.
+    fn stranded(&mut self, name: &str) -> bool {
+        let now = self.ticks;
+        if let Some(i) = self.markers_seen.iter().position(|(n, _)| n == name) {
+            if self.markers_seen.get(i).is_some_and(|&(_, at)| at < now) {
+                self.markers_seen.swap_remove(i);
+                return true;
+            }
+            return false;
+        }
+        if self.markers_seen.len() >= MARKERS_REMEMBERED {
+            self.markers_seen.remove(0);
+        }
+        self.markers_seen.push((name.to_string(), now));
+        false
     }
 
     fn sync_cluster(
@@ -1554,7 +1607,7 @@ impl Worker {
                 if state.policy.host_choice {
                     state.hosts.merge_into(&mut shared.hosts, now_ms);
                 } else {
-                    shared.hosts.clear();
+                    hosts::forget_silent(&mut shared.hosts, now_ms);
                 }
                 // past the value's cap a route is not stored, so not learned
                 shared.fit_routes();
@@ -1566,6 +1619,10 @@ impl Worker {
         );
         if update.evicted {
             state.evicted();
+            let name = state.name.clone();
+            if self.stranded(&name) && !self.unregister.contains(&name) {
+                self.unregister.push(name);
+            }
             return;
         }
         if let (Some(e), false) = (&update.reset, state.reset_logged) {
@@ -1639,7 +1696,7 @@ impl Worker {
         .map(|d| state.timer.apply(d, &state.policy));
         let max_ms = state.policy.max_delay_ms();
         if let Some(latch) = state.stale.as_mut() {
-            if latch.released(state.hedge_delay, planned, max_ms) {
+            if latch.released(state.hedge_delay, planned, max_ms, self.tick_us) {
                 state.regime = state
                     .stale
                     .take()
@@ -1876,7 +1933,8 @@ impl TimerSlack {
 /// - responses since show the latency back (at least `RELEASE_RESPONSES`
 ///   of them, fewer than three times the planned share above the stale
 ///   delay): a stall that passed;
-/// - `MAX_LATCH_TICKS` ticks have passed.
+/// - `MAX_LATCH_US` have passed (ten seconds, whatever `sync_interval`:
+///   it was fifty ticks, 500 s at a 10 s tick).
 ///
 /// A delay at `max_delay` is never latched (nor kept latched): it cannot
 /// follow the latency up, and the operator chose to hedge after it; the
@@ -1886,7 +1944,8 @@ impl TimerSlack {
 struct StaleLatch {
     /// The responses since, against the per-try timeout found stale.
     tally: StaleTally,
-    ticks: u32,
+    /// How long it has held (µs, counted on the ticks).
+    held_us: u64,
     /// The responses' latencies: samples of the new regime, which the
     /// delay follows at once (`hedge_delay`'s `regime`). Nothing is armed
     /// while latched, so they are whole but for those of requests armed
@@ -1896,14 +1955,13 @@ struct StaleLatch {
 }
 
 const RELEASE_RESPONSES: u32 = 20;
-/// Ten seconds at the default 200 ms tick.
-const MAX_LATCH_TICKS: u32 = 50;
+const MAX_LATCH_US: u64 = 10_000_000;
 
 impl StaleLatch {
     fn new(delay: HedgeDelay) -> Self {
         StaleLatch {
             tally: StaleTally::new(delay.per_try_timeout_ms),
-            ticks: 0,
+            held_us: 0,
             since: Sketch::new(),
             armed: 0,
         }
@@ -1930,15 +1988,22 @@ impl StaleLatch {
         self.since.count() >= REGIME_SAMPLES
     }
 
-    /// On the tick, with the delay just learned: whether arming may go on
-    /// (`max_ms`: `max_delay`, which the delay cannot pass).
-    fn released(&mut self, learned: Option<HedgeDelay>, planned: f64, max_ms: u64) -> bool {
-        self.ticks = self.ticks.saturating_add(1);
+    /// On the tick (`tick_us` since the last), with the delay just learned:
+    /// whether arming may go on (`max_ms`: `max_delay`, which the delay
+    /// cannot pass).
+    fn released(
+        &mut self,
+        learned: Option<HedgeDelay>,
+        planned: f64,
+        max_ms: u64,
+        tick_us: u64,
+    ) -> bool {
+        self.held_us = self.held_us.saturating_add(tick_us);
         let caught_up = learned.is_some_and(|d| {
             (d.per_try_timeout_ms > self.tally.per_try_ms && self.learned_regime())
                 || d.per_try_timeout_ms >= max_ms
         });
-        caught_up || self.tally.latency_back(planned) || self.ticks >= MAX_LATCH_TICKS
+        caught_up || self.tally.latency_back(planned) || self.held_us >= MAX_LATCH_US
     }
 }
 
@@ -2152,6 +2217,9 @@ mod tests {
         cluster_key(G30, cluster)
     }
 
+    /// The default tick (µs).
+    const TICK: u64 = 200_000;
+
     const GET: Request = Request {
         method: b"GET",
         path: b"/",
@@ -2362,18 +2430,18 @@ mod tests {
             latch.observe(40_000);
         }
         assert!(
-            !latch.released(Some(at(11)), planned, 1000),
+            !latch.released(Some(at(11)), planned, 1000, TICK),
             "longer, but too few responses to tell how much"
         );
         for _ in 0..100 {
             latch.observe(40_000);
         }
         assert!(
-            !latch.released(Some(at(10)), planned, 1000),
+            !latch.released(Some(at(10)), planned, 1000, TICK),
             "slow, delay not moved"
         );
         assert!(
-            latch.released(Some(at(11)), planned, 1000),
+            latch.released(Some(at(11)), planned, 1000, TICK),
             "the window learns"
         );
 
@@ -2381,21 +2449,29 @@ mod tests {
         for i in 0..19 {
             latch.observe(if i < 2 { 40_000 } else { 3_000 });
         }
-        assert!(!latch.released(Some(at(10)), planned, 1000), "19 responses");
+        assert!(!latch.released(Some(at(10)), planned, 1000, TICK), "19 responses");
         latch.observe(3_000);
         assert!(
-            latch.released(Some(at(10)), planned, 1000),
+            latch.released(Some(at(10)), planned, 1000, TICK),
             "2 of 20 above: back"
         );
 
         let mut latch = StaleLatch::new(at(10));
-        for _ in 1..MAX_LATCH_TICKS {
-            assert!(!latch.released(None, planned, 1000));
+        for _ in 1..50 {
+            assert!(!latch.released(None, planned, 1000, TICK));
         }
-        assert!(latch.released(None, planned, 1000), "at most 50 ticks");
+        assert!(latch.released(None, planned, 1000, TICK), "at most 10 s");
+        // ten seconds at any tick: one tick of 10 s, a thousand of 10 ms
+        let mut latch = StaleLatch::new(at(10));
+        assert!(latch.released(None, planned, 1000, 10_000_000), "10 s tick");
+        let mut latch = StaleLatch::new(at(10));
+        for _ in 1..1000 {
+            assert!(!latch.released(None, planned, 1000, 10_000));
+        }
+        assert!(latch.released(None, planned, 1000, 10_000), "10 ms ticks");
 
         let mut latch = StaleLatch::new(at(10));
-        assert!(latch.released(Some(at(10)), planned, 10), "at max_delay");
+        assert!(latch.released(Some(at(10)), planned, 10, TICK), "at max_delay");
     }
 
     /// What a latch learned floors the delay until the recent slices turn
@@ -2617,7 +2693,7 @@ mod tests {
     /// the registry beside a marker. That worker does not revive it (only
     /// the one that puts the name back may), and a marker left in the
     /// registry (the evicting worker's registry update failed) is taken
-    /// out by the next eviction as it is.
+    /// out by the next eviction as it is, once seen at an earlier tick.
     #[test]
     fn a_marker_beside_a_registered_name_is_not_revived_and_is_cleared_later() {
         let store = MemoryStore::default();
@@ -2638,16 +2714,61 @@ mod tests {
             decision(&mut b, b"x", b"GET"),
             Decision::Skip(Skip::Untracked)
         );
-        // a new cluster waits: the stuck marker's slot is given up
+        // a new cluster waits: the stuck marker's slot is given up, once
+        // a has seen the marker at two ticks (at one it may be an eviction
+        // between its two writes)
+        let registry = |store: &MemoryStore| {
+            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+            Registry::decode(&bytes).unwrap().names
+        };
         traffic(&mut a, "y", 5, 1000);
         a.sync(T0 + 400, &store, &mut log);
-        let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-        assert_eq!(Registry::decode(&bytes).unwrap().names, ["y"]);
+        assert_eq!(registry(&store), ["x"]);
+        decision(&mut a, b"y", b"GET");
+        a.sync(T0 + 600, &store, &mut log);
+        assert_eq!(registry(&store), ["y"]);
         // and x, asked for again, finds the registry full of a busy y
-        b.sync(T0 + 600, &store, &mut log);
+        b.sync(T0 + 800, &store, &mut log);
         assert_eq!(
             decision(&mut b, b"x", b"GET"),
             Decision::Skip(Skip::Untracked)
+        );
+    }
+
+    /// The same stranded marker with room in the registry and no eviction
+    /// to come: before, every worker with traffic for x was registered,
+    /// found the marker and was evicted again, tick after tick, for good.
+    /// Now the second sighting takes x out of the registry, and the next
+    /// tick puts it back and revives its value.
+    #[test]
+    fn a_stranded_marker_heals_without_an_eviction() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 4, "min_samples": 1}"#);
+        let mut w = Worker::new(cfg);
+        let mut log = Lines::default();
+        traffic(&mut w, "x", 5, 1000);
+        w.sync(T0, &store, &mut log);
+        store
+            .set(&cluster_key(G30, "x"), &SharedCluster::evicted(), 0)
+            .unwrap();
+        let mut t = T0;
+        for _ in 0..4 {
+            t += 200;
+            for _ in 0..5 {
+                let plan = w.plan(Some(b"x"), None, &GET);
+                if let Some(id) = plan.cluster {
+                    w.on_response(id, plan.route, 1000);
+                }
+            }
+            w.sync(t, &store, &mut log);
+        }
+        let (value, _) = store.get(&cluster_key(G30, "x")).unwrap().unwrap();
+        assert!(SharedCluster::decode(&value, G30).is_ok(), "revived");
+        let d = decision(&mut w, b"x", b"GET");
+        // tracked and learned (its budget, young, may not pay yet)
+        assert!(
+            matches!(d, Decision::Arm(_) | Decision::Skip(Skip::BudgetExhausted)),
+            "{d:?}"
         );
     }
 
@@ -2694,6 +2815,29 @@ mod tests {
         for hedges in [3, 2, 3] {
             assert_ne!(plan("r0", hedges), Decision::Skip(Skip::Untracked));
         }
+    }
+
+    /// A route cannot switch host choice on where the configuration
+    /// chooses hosts for no cluster (the glue then writes no host header
+    /// and reads no response's host): said, and the route's policy says
+    /// what is done.
+    #[test]
+    fn a_route_s_host_choice_without_the_plugin_s_is_said_to_do_nothing() {
+        use crate::route_metadata::encode;
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut w = Worker::new(config(r#"{"host_choice": false}"#));
+        w.confirm_cluster(b"c");
+        let metadata = encode(&serde_json::json!({ "host_choice": true }));
+        let plan = w.plan_route(Some(b"c"), Some(b"r"), &metadata, &GET, None);
+        let id = plan.cluster.unwrap();
+        assert!(!w.cluster(id).unwrap().policy.host_choice);
+        w.sync(T0, &store, &mut log);
+        assert!(
+            log.0.iter().any(|l| l.contains("route \"r\" of cluster \"c\": host_choice: no effect")),
+            "{:?}",
+            log.0
+        );
     }
 
     /// A worker keeps its names for the VM's life: past twice
@@ -3725,5 +3869,24 @@ c::h2::weight::1
         let shared =
             SharedCluster::decode(&bytes, WindowGeometry::new(Duration::from_secs(30))).unwrap();
         assert!(shared.hosts.is_empty());
+    }
+
+    /// Two configurations share a cluster's value (one drains after a
+    /// reload that turned host choice on): the one without host choice
+    /// leaves the hosts the other learns.
+    #[test]
+    fn a_worker_without_host_choice_leaves_the_shared_hosts_be() {
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut on = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut off = Worker::new(config(r#"{"min_samples": 10, "host_choice": false}"#));
+        let mut rr = 0;
+        host_traffic(&mut on, 60, 2, &mut rr);
+        host_traffic(&mut off, 60, 2, &mut rr);
+        on.sync(T0, &store, &mut log);
+        off.sync(T0 + 1, &store, &mut log);
+        let (bytes, _) = store.get(&key("c")).unwrap().unwrap();
+        let shared = SharedCluster::decode(&bytes, G30).unwrap();
+        assert_eq!(shared.hosts.len(), 3);
     }
 }

@@ -566,7 +566,8 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
 mod tests {
     use super::*;
     use crate::headers::{
-        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON, UPSTREAM_SERVICE_TIME,
+        ENDPOINT_HEADER, MAX_RETRIES, PER_TRY_TIMEOUT, RETRIABLE_HEADER_NAMES,
+        RETRIABLE_STATUS_CODES, RETRY_GRPC_ON, UPSTREAM_SERVICE_TIME,
     };
     use crate::policy::worker::ADDRESS_CHECK_EVERY;
     use crate::proxy::fake::{plugin, FakeHost};
@@ -822,6 +823,8 @@ mod tests {
             (PER_TRY_TIMEOUT, "1"),
             (RETRY_GRPC_ON, "cancelled"),
             (FIRST_BYTE_MARKER, "1"),
+            (RETRIABLE_STATUS_CODES, "200"),
+            (RETRIABLE_HEADER_NAMES, "content-type"),
         ];
         host.request(Some("backend"), &hostile);
         request(&plugin).on_request_headers();
@@ -843,6 +846,11 @@ mod tests {
             Some("1")
         );
         assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
+        // nor what arming does not write: a plain request's gRPC retry
+        // codes, the retriable codes and headers
+        for name in [RETRY_GRPC_ON, RETRIABLE_STATUS_CODES, RETRIABLE_HEADER_NAMES] {
+            assert_eq!(host.request_header_text(name), None, "{name}");
+        }
     }
 
     #[test]
