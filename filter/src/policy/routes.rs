@@ -37,9 +37,23 @@ metric_set! {
 /// refused (others registered theirs first) must still meet the others.
 const LOCAL_ROUTES_PER_LIMIT: usize = 2;
 
+/// A route a worker has not routed a request to for this long gives its
+/// local slot up to a new name when the table is full. Before, names were
+/// kept for the VM's life: after routes were renamed or added over weeks a
+/// busy cluster's table was full of dead names, and new routes never
+/// learned their own delay, even once the shared value had given the dead
+/// ones' slots up.
+const ROUTE_IDLE_MS: u64 = 300_000;
+
+/// Routes given up since the last flush, at most: their gauge is set to 0
+/// once (the label would otherwise keep its last delay).
+const RETIRED_MAX: usize = 16;
+
 #[derive(Debug)]
 struct RouteState {
     name: String,
+    /// The tick (`Routes::now_ms`) a request last named it.
+    seen_ms: u64,
     /// Samples since the last tick, not yet in the shared value.
     samples: Sketch,
     /// Cached on the tick; `None` until the route has `min_samples` (or has
@@ -65,30 +79,52 @@ pub struct RecentTerms {
 #[derive(Debug, Default)]
 pub struct Routes {
     routes: Vec<RouteState>,
+    /// The last tick's time (ms).
+    now_ms: u64,
+    /// Given up since the last flush (see `RETIRED_MAX`).
+    retired: Vec<RouteState>,
 }
 
 impl Routes {
-    /// The route's handle, taking a local slot for a new name; `None` for an
+    /// The route's handle, taking a local slot for a new name (that of a
+    /// route idle for `ROUTE_IDLE_MS` if the table is full); `None` for an
     /// empty name, a name that is too long or not UTF-8, or a full table.
     /// Linear: the table holds at most `2 * max_routes` short names.
     pub fn lookup(&mut self, name: &[u8], max_routes: usize) -> Option<RouteId> {
+        let now_ms = self.now_ms;
         if let Some(id) = self.routes.iter().position(|r| r.name.as_bytes() == name) {
+            if let Some(r) = self.routes.get_mut(id) {
+                r.seen_ms = now_ms;
+            }
             return Some(id);
         }
-        if name.is_empty()
-            || name.len() > MAX_ROUTE_NAME
-            || self.routes.len() >= LOCAL_ROUTES_PER_LIMIT * max_routes
-        {
+        if name.is_empty() || name.len() > MAX_ROUTE_NAME || max_routes == 0 {
             return None;
         }
         let name = std::str::from_utf8(name).ok()?.to_string();
-        self.routes.push(RouteState {
+        let fresh = RouteState {
             name,
+            seen_ms: now_ms,
             samples: Sketch::new(),
             delay: None,
             metrics: MetricTable::default(),
-        });
-        Some(self.routes.len() - 1)
+        };
+        if self.routes.len() < LOCAL_ROUTES_PER_LIMIT * max_routes {
+            self.routes.push(fresh);
+            return Some(self.routes.len() - 1);
+        }
+        // A request in flight may still hold the idle route's id: its one
+        // sample then goes to the new route, once in five minutes at most.
+        let id = self.routes.iter().position(|r| {
+            r.samples.is_empty() && now_ms.saturating_sub(r.seen_ms) >= ROUTE_IDLE_MS
+        })?;
+        let slot = self.routes.get_mut(id)?;
+        let old = std::mem::replace(slot, fresh);
+        if self.retired.len() >= RETIRED_MAX {
+            self.retired.remove(0);
+        }
+        self.retired.push(old);
+        Some(id)
     }
 
     /// The route's learned delay, if it has one.
@@ -168,6 +204,7 @@ impl Routes {
             armed_share,
             budget,
         } = recent;
+        self.now_ms = now_ms;
         for local in self.routes.iter_mut() {
             local.samples.clear();
             let censoring = local
@@ -192,7 +229,10 @@ impl Routes {
 
     /// Sets each route's gauge (on the tick).
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink, cluster: &str) {
-        for r in self.routes.iter_mut() {
+        for r in self.retired.iter_mut() {
+            r.delay = None;
+        }
+        for r in self.retired.iter_mut().chain(self.routes.iter_mut()) {
             let delay = r.delay.map_or(0, |d| d.delay_us);
             r.metrics.flush(
                 sink,
@@ -202,6 +242,7 @@ impl Routes {
                 },
             );
         }
+        self.retired.clear();
     }
 }
 
@@ -244,6 +285,51 @@ mod tests {
         assert_eq!(r.lookup(&[0xff, 0xfe], 8), None);
         assert_eq!(r.lookup(&[b'x'; MAX_ROUTE_NAME + 1], 8), None);
         assert_eq!(r.lookup(b"ok", 0), None, "max_routes 0 learns none");
+    }
+
+    /// A full table of names no request named for five minutes: a new
+    /// route takes an idle one's slot, learns, and the idle one's gauge is
+    /// set to 0 once.
+    #[test]
+    fn a_new_route_takes_the_slot_of_one_idle_for_minutes() {
+        use crate::telemetry::memory::Stats;
+        let mut r = Routes::default();
+        let mut shared = Vec::new();
+        r.refresh(&shared, T0, &policy(), TERMS, |d| d);
+        let old = r.lookup(b"old", 1).unwrap();
+        let busy = r.lookup(b"busy", 1).unwrap();
+        for _ in 0..20 {
+            r.add_sample(old, 1000.0);
+        }
+        r.merge_into(&mut shared, T0, 1, geometry());
+        r.refresh(&shared, T0, &policy(), TERMS, |d| d);
+        let mut stats = Stats::default();
+        r.flush_metrics(&mut stats, "c");
+        assert!(
+            stats
+                .get("adaptive_hedge.route_hedge_delay_microseconds.c.route.old")
+                .unwrap()
+                > 0
+        );
+        assert_eq!(r.lookup(b"new", 1), None, "full");
+        // four minutes on, busy still named: nothing idle long enough
+        r.refresh(&shared, T0 + 240_000, &policy(), TERMS, |d| d);
+        r.lookup(b"busy", 1);
+        assert_eq!(r.lookup(b"new", 1), None);
+        let later = T0 + ROUTE_IDLE_MS;
+        r.refresh(&shared, later, &policy(), TERMS, |d| d);
+        let new = r.lookup(b"new", 1);
+        assert_eq!(new, Some(old), "old's slot, not busy's");
+        assert_eq!(r.lookup(b"busy", 1), Some(busy));
+        r.flush_metrics(&mut stats, "c");
+        assert_eq!(
+            stats.get("adaptive_hedge.route_hedge_delay_microseconds.c.route.old"),
+            Some(0)
+        );
+        assert_eq!(
+            stats.get("adaptive_hedge.route_hedge_delay_microseconds.c.route.new"),
+            Some(0)
+        );
     }
 
     #[test]

@@ -2449,7 +2449,10 @@ mod tests {
         for i in 0..19 {
             latch.observe(if i < 2 { 40_000 } else { 3_000 });
         }
-        assert!(!latch.released(Some(at(10)), planned, 1000, TICK), "19 responses");
+        assert!(
+            !latch.released(Some(at(10)), planned, 1000, TICK),
+            "19 responses"
+        );
         latch.observe(3_000);
         assert!(
             latch.released(Some(at(10)), planned, 1000, TICK),
@@ -2471,7 +2474,10 @@ mod tests {
         assert!(latch.released(None, planned, 1000, 10_000), "10 ms ticks");
 
         let mut latch = StaleLatch::new(at(10));
-        assert!(latch.released(Some(at(10)), planned, 10, TICK), "at max_delay");
+        assert!(
+            latch.released(Some(at(10)), planned, 10, TICK),
+            "at max_delay"
+        );
     }
 
     /// What a latch learned floors the delay until the recent slices turn
@@ -2834,7 +2840,9 @@ mod tests {
         assert!(!w.cluster(id).unwrap().policy.host_choice);
         w.sync(T0, &store, &mut log);
         assert!(
-            log.0.iter().any(|l| l.contains("route \"r\" of cluster \"c\": host_choice: no effect")),
+            log.0
+                .iter()
+                .any(|l| l.contains("route \"r\" of cluster \"c\": host_choice: no effect")),
             "{:?}",
             log.0
         );

@@ -848,7 +848,11 @@ mod tests {
         assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
         // nor what arming does not write: a plain request's gRPC retry
         // codes, the retriable codes and headers
-        for name in [RETRY_GRPC_ON, RETRIABLE_STATUS_CODES, RETRIABLE_HEADER_NAMES] {
+        for name in [
+            RETRY_GRPC_ON,
+            RETRIABLE_STATUS_CODES,
+            RETRIABLE_HEADER_NAMES,
+        ] {
             assert_eq!(host.request_header_text(name), None, "{name}");
         }
     }
