@@ -113,8 +113,9 @@ fn compose_file_builds_the_demo_and_everything_it_mounts_exists() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
+    // the admin interface (it can stop Envoy) on the host's loopback only
     assert!(
-        ports.contains(&"9901:9901") && ports.contains(&"10000:10000"),
+        ports.contains(&"127.0.0.1:9901:9901") && ports.contains(&"10000:10000"),
         "{ports:?}"
     );
 
@@ -631,6 +632,35 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
 /// bootstrap has in every proxy it starts: without it the plugin cannot
 /// read that the DestinationRule's outlier detection never counts a hedge's
 /// timeout, and holds hedges back on every cluster.
+/// Every `HTTP_ROUTE` MERGE the Istio manifests ship matches forwarding
+/// routes only: merged into a redirect or a `direct_response` (Istio's
+/// `block_all` virtual host under `REGISTRY_ONLY`, a VirtualService
+/// redirect), `route: {...}` replaces the action with a route that names no
+/// cluster, and Envoy refuses the proxy's whole route configuration.
+#[test]
+fn istio_route_patches_touch_only_routes_that_forward() {
+    let docs = istio_documents();
+    let mut seen = 0;
+    for (file, doc) in docs.iter().filter(|(_, d)| kind_of(d) == "EnvoyFilter") {
+        let Some(patches) = get(doc, "spec.configPatches").as_sequence() else {
+            continue;
+        };
+        for patch in patches {
+            if str_at(patch, "applyTo") != "HTTP_ROUTE" {
+                continue;
+            }
+            seen += 1;
+            assert_eq!(
+                get(patch, "match.routeConfiguration.vhost.route.action").as_str(),
+                Some("ROUTE"),
+                "{file}: {}",
+                named(file, doc)
+            );
+        }
+    }
+    assert!(seen >= 4, "{seen} route patches");
+}
+
 #[test]
 fn every_istio_plugin_names_the_bootstrap_admin_cluster() {
     let docs = istio_documents();
