@@ -208,6 +208,27 @@ fn retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
     comma_list(&retry_on, RETRY_ON_VALUES, "Envoy retry-on")
 }
 
+/// HTTP statuses, comma-separated (`x-envoy-retriable-status-codes`); may
+/// be empty.
+fn status_codes_rule(codes: Arc<str>) -> Result<Arc<str>, String> {
+    if codes.trim().is_empty() {
+        return Ok("".into());
+    }
+    let mut out = Vec::new();
+    for code in codes.split(',').map(str::trim) {
+        match code.parse::<u16>() {
+            Ok(n) if (100..=599).contains(&n) => out.push(n.to_string()),
+            _ => {
+                return Err(
+                    "must be a comma-separated list of HTTP status codes (100 to 599), or \"\""
+                        .into(),
+                )
+            }
+        }
+    }
+    Ok(out.join(",").into())
+}
+
 /// The gRPC statuses Envoy can retry on (`x-envoy-retry-grpc-on`).
 const GRPC_RETRY_ON_VALUES: &[&str] = &[
     "cancelled",
@@ -455,9 +476,11 @@ settings! {
         /// gRPC methods that may be hedged: `/package.Service/Method`, or `/package.Service/` for all of a service's; unary methods only (the filter cannot tell a streaming one from its headers).
         idempotent_grpc_methods: Vec<String> = Vec::new(), grpc_methods_rule;
         /// `x-envoy-retry-on` of armed requests.
-        retry_on: Arc<str> = "5xx".into(), retry_on_rule;
+        retry_on: Arc<str> = "5xx,retriable-status-codes".into(), retry_on_rule;
+        /// `x-envoy-retriable-status-codes` of armed requests: with `retriable-status-codes` in `retry_on`, statuses after which the race goes on (a hedge's 429 does not end it while the other attempt runs); "" for none.
+        retriable_status_codes: Arc<str> = "429".into(), status_codes_rule;
         /// `x-envoy-retry-grpc-on` of armed gRPC requests: the statuses (in a trailers-only answer) after which the race goes on.
-        grpc_retry_on: Arc<str> = "cancelled,unavailable".into(), grpc_retry_on_rule;
+        grpc_retry_on: Arc<str> = "cancelled,unavailable,resource-exhausted".into(), grpc_retry_on_rule;
         /// The routes' own `num_retries` (Istio's default: 2): `x-envoy-max-retries` replaces it, so armed requests get at least this many.
         route_retries: u32 = 0, |n| within(n, 0, 10, " retries (the routes' num_retries)");
         /// Named routes of the cluster that learn a delay of their own (0: one delay for the whole cluster).
@@ -858,6 +881,19 @@ mod tests {
     }
 
     #[test]
+    fn retriable_status_codes_are_normalised_and_may_be_none() {
+        let c = Config::parse(br#"{"retriable_status_codes": " 429, 503 "}"#).unwrap();
+        assert_eq!(&*c.defaults.retriable_status_codes, "429,503");
+        let c = Config::parse(br#"{"retriable_status_codes": ""}"#).unwrap();
+        assert_eq!(&*c.defaults.retriable_status_codes, "");
+        let d = ClusterPolicy::default();
+        assert_eq!(
+            (&*d.retry_on, &*d.retriable_status_codes),
+            ("5xx,retriable-status-codes", "429")
+        );
+    }
+
+    #[test]
     fn empty_means_defaults() {
         for empty in ["", "  \n", "{}"] {
             let c = Config::parse(empty.as_bytes()).unwrap();
@@ -952,6 +988,18 @@ mod tests {
                 "idempotent_grpc_methods",
             ),
             (r#"{"grpc_retry_on": "unavailable, 5xx"}"#, "grpc_retry_on"),
+            (
+                r#"{"retriable_status_codes": "429,2xx"}"#,
+                "retriable_status_codes",
+            ),
+            (
+                r#"{"retriable_status_codes": "99"}"#,
+                "retriable_status_codes",
+            ),
+            (
+                r#"{"retriable_status_codes": 429}"#,
+                "retriable_status_codes",
+            ),
             (r#"{"idempotent_methods": ["get"]}"#, "idempotent_methods"),
             (
                 r#"{"idempotent_methods": ["CONNECT"]}"#,

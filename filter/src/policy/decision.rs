@@ -30,8 +30,8 @@ use super::hedge_delay::HedgeDelay;
 use super::hosts::{HostPick, Hosts};
 use super::timeouts::{ArmedRequests, MAX_PAST_DELAY};
 use crate::headers::{
-    FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_GRPC_ON,
-    RETRY_ON,
+    FIRST_BYTE_MARKER, HEDGE_ON_PER_TRY_TIMEOUT, MAX_RETRIES, PER_TRY_TIMEOUT,
+    RETRIABLE_STATUS_CODES, RETRY_GRPC_ON, RETRY_ON,
 };
 
 /// What the filter reads from a request's headers (one host call; see
@@ -163,6 +163,11 @@ pub struct Arming {
     /// retries share the count).
     pub max_retries: u32,
     pub retry_on: Arc<str>,
+    /// `x-envoy-retriable-status-codes` (`retriable_status_codes`), if any:
+    /// a hedge's fast 429 must not end the race while the other attempt
+    /// runs (Envoy drops a retriable answer when no retry is left and
+    /// another attempt still waits for its headers).
+    pub retriable_status_codes: Option<Arc<str>>,
     /// `x-envoy-retry-grpc-on`, for gRPC calls: a fast UNAVAILABLE from
     /// one attempt must not end the race (Envoy reads the status of a
     /// trailers-only answer).
@@ -304,7 +309,11 @@ impl Arming {
             .retry_grpc_on
             .as_deref()
             .map(|on| (RETRY_GRPC_ON, HeaderValue::Text(on)));
-        marker.into_iter().chain(grpc).chain([
+        let codes = self
+            .retriable_status_codes
+            .as_deref()
+            .map(|codes| (RETRIABLE_STATUS_CODES, HeaderValue::Text(codes)));
+        marker.into_iter().chain(grpc).chain(codes).chain([
             // exactly "true": other spellings silently mean a plain retry
             (HEDGE_ON_PER_TRY_TIMEOUT, HeaderValue::Text("true")),
             (
@@ -595,6 +604,8 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
             hedges,
             max_retries: hedges.max(policy.route_retries),
             retry_on: Arc::clone(&policy.retry_on),
+            retriable_status_codes: (!policy.retriable_status_codes.is_empty())
+                .then(|| Arc::clone(&policy.retriable_status_codes)),
             retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
             shadow: policy.mode == Mode::Shadow,
@@ -682,14 +693,15 @@ mod tests {
     }
 
     #[test]
-    fn an_armed_get_sets_the_four_router_headers_trigger_last() {
+    fn an_armed_get_sets_the_five_router_headers_trigger_last() {
         let p = with_defaults(&GET);
         assert_eq!(
             set(&p),
             [
+                ("x-envoy-retriable-status-codes", "429"),
                 ("x-envoy-hedge-on-per-try-timeout", "true"),
                 ("x-envoy-max-retries", "1"),
-                ("x-envoy-retry-on", "5xx"),
+                ("x-envoy-retry-on", "5xx,retriable-status-codes"),
                 ("x-envoy-upstream-rq-per-try-timeout-ms", "8"),
             ]
             .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -711,6 +723,27 @@ mod tests {
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");
     }
 
+    /// `retriable_status_codes: ""`: no header, and `retry_on` as written.
+    #[test]
+    fn without_retriable_codes_no_codes_header_is_written() {
+        let policy = ClusterPolicy {
+            retriable_status_codes: "".into(),
+            retry_on: "5xx".into(),
+            ..Default::default()
+        };
+        let p = with_policy(&GET, &policy);
+        let names: Vec<String> = set(&p).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                HEDGE_ON_PER_TRY_TIMEOUT,
+                MAX_RETRIES,
+                RETRY_ON,
+                PER_TRY_TIMEOUT
+            ]
+        );
+    }
+
     #[test]
     fn first_byte_mode_marks_armed_requests_first() {
         let config = Config::parse(br#"{"latency_signal": "first_byte"}"#).unwrap();
@@ -722,7 +755,7 @@ mod tests {
         let p = plan_for(&marked_by_client, &config, &policy, DELAY, &funded(&policy));
         let headers = set(&p);
         assert_eq!(headers[0], (FIRST_BYTE_MARKER.to_string(), "1".to_string()));
-        assert_eq!(headers.len(), 5);
+        assert_eq!(headers.len(), 6);
         assert!(!p.strip.marker, "overwritten, not removed");
         // in headers mode an armed request carries no marker, the client's included
         let p = with_defaults(&marked_by_client);
@@ -752,7 +785,7 @@ mod tests {
                 headers.first(),
                 Some(&(
                     RETRY_GRPC_ON.to_string(),
-                    "cancelled,unavailable".to_string()
+                    "cancelled,unavailable,resource-exhausted".to_string()
                 ))
             );
             assert_eq!(headers.last().map(|h| h.0.as_str()), Some(PER_TRY_TIMEOUT));
@@ -942,7 +975,7 @@ mod tests {
         }
         // 2.5 tokens: two of the three hedges are paid for
         let p = plan_for(&GET, &Config::default(), &policy, delay, &b);
-        assert_eq!(set(&p)[1], ("x-envoy-max-retries".into(), "2".into()));
+        assert_eq!(set(&p)[2], ("x-envoy-max-retries".into(), "2".into()));
         assert_eq!(p.settlement().map(|s| s.hedges), Some(2));
     }
 

@@ -685,6 +685,7 @@ mod tests {
         assert_eq!(
             set,
             [
+                "set_request_header x-envoy-retriable-status-codes",
                 "set_request_header x-envoy-hedge-on-per-try-timeout",
                 "set_request_header x-envoy-max-retries",
                 "set_request_header x-envoy-retry-on",
@@ -847,14 +848,15 @@ mod tests {
         );
         assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
         // nor what arming does not write: a plain request's gRPC retry
-        // codes, the retriable codes and headers
-        for name in [
-            RETRY_GRPC_ON,
-            RETRIABLE_STATUS_CODES,
-            RETRIABLE_HEADER_NAMES,
-        ] {
+        // codes and the retriable headers; the retriable codes are the
+        // filter's own
+        for name in [RETRY_GRPC_ON, RETRIABLE_HEADER_NAMES] {
             assert_eq!(host.request_header_text(name), None, "{name}");
         }
+        assert_eq!(
+            host.request_header_text(RETRIABLE_STATUS_CODES).as_deref(),
+            Some("429")
+        );
     }
 
     #[test]
@@ -1334,6 +1336,7 @@ mod tests {
                 "property xds.route_name",
                 "now_ns",
                 "set_request_header x-gateway-destination-endpoint",
+                "set_request_header x-envoy-retriable-status-codes",
                 "set_request_header x-envoy-hedge-on-per-try-timeout",
                 "set_request_header x-envoy-max-retries",
                 "set_request_header x-envoy-retry-on",

@@ -28,7 +28,8 @@
 //!
 //! - `x-sim-status: N`: answer with status N (every attempt); without it,
 //!   the host's status (`Simulator::set_status`, `set_flaky`: a share of
-//!   its requests), else 200.
+//!   its requests), else 200. `x-sim-later-status: N`: attempts after the
+//!   first answer with status N (a hedge to an overloaded host).
 //! - `x-sim-fault: reset`: close the connection after the delay, before any
 //!   response; `reset-mid-body`: headers and a first chunk, then a reset.
 //!
@@ -613,7 +614,10 @@ async fn handle(
         }
         _ => 200,
     };
-    let status = header_ms(&req, "x-sim-status").unwrap_or(host_status);
+    let status = match header_ms(&req, "x-sim-later-status") {
+        Some(later) if attempt > 1 => later,
+        _ => header_ms(&req, "x-sim-status").unwrap_or(host_status),
+    };
     let is_head = req.method() == hyper::Method::HEAD;
     let req_body_empty = req
         .headers()

@@ -125,6 +125,50 @@ fn non_idempotent_methods_are_never_duplicated() {
     envoy.assert_no_vm_failure();
 }
 
+/// The hedge goes to a host that answers 429 at once (overloaded) while
+/// the primary is still running: the 429 must not end the race (without
+/// `retriable-status-codes` in the armed `retry_on` the router took it and
+/// cancelled the primary, and the client got a 429 it would not have had
+/// without hedging); the primary's 200 answers.
+#[test]
+fn a_hedge_s_429_does_not_end_the_race() {
+    let (sim, envoy, client, rt) = warmed_up();
+    rt.block_on(async {
+        sim.reset_counts();
+        let reply = request(
+            &client,
+            "GET",
+            &envoy.url("/overloaded"),
+            &[
+                ("x-sim-first-delay-ms", "300"),
+                ("x-sim-later-status", "429"),
+            ],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            reply.status,
+            200,
+            "{reply:?}; {}",
+            envoy.filter_stats("backend")
+        );
+        assert_eq!(
+            reply.headers.get("x-sim-attempt").map(String::as_str),
+            Some("1"),
+            "{reply:?}"
+        );
+        // the hedge was sent (and answered 429): the race was run
+        let t = sim.settle(Duration::from_secs(3));
+        assert_eq!(t.arrivals, 2, "primary + one hedge: {t:?}");
+        assert!(
+            reply.elapsed >= Duration::from_millis(300),
+            "{:?}",
+            reply.elapsed
+        );
+    });
+    envoy.assert_no_vm_failure();
+}
+
 const CLIENT_CONTROL_HEADERS: [(&str, &str); 5] = [
     ("x-envoy-max-retries", "5"),
     ("x-envoy-upstream-rq-per-try-timeout-ms", "20"),
