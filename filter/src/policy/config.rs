@@ -610,6 +610,19 @@ impl ClusterPolicy {
                 ),
             ));
         }
+        let written = raw.retry_on.is_some() || raw.retriable_status_codes.is_some();
+        if written
+            && !self.retriable_status_codes.is_empty()
+            && !self
+                .retry_on
+                .split(',')
+                .any(|on| on == "retriable-status-codes")
+        {
+            warnings.push(format!(
+                "{prefix}retriable_status_codes: not written, retry_on has no retriable-status-codes (a hedge's {} then ends the race)",
+                self.retriable_status_codes
+            ));
+        }
         // warned where the list is written, not again in every override
         // that inherits it
         for m in raw.idempotent_methods.iter().flatten() {
@@ -878,6 +891,20 @@ mod tests {
             "{:?}",
             c.warnings
         );
+    }
+
+    #[test]
+    fn retriable_codes_without_their_retry_on_value_warn() {
+        let c = Config::parse(br#"{"retry_on": "5xx"}"#).unwrap();
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("retriable_status_codes: not written")),
+            "{:?}",
+            c.warnings
+        );
+        let c = Config::parse(br#"{"retry_on": "5xx", "retriable_status_codes": ""}"#).unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     }
 
     #[test]

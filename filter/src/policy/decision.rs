@@ -604,8 +604,14 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
             hedges,
             max_retries: hedges.max(policy.route_retries),
             retry_on: Arc::clone(&policy.retry_on),
-            retriable_status_codes: (!policy.retriable_status_codes.is_empty())
-                .then(|| Arc::clone(&policy.retriable_status_codes)),
+            // without it in `retry_on` Envoy ignores the codes (the config
+            // warns): not a host call for nothing
+            retriable_status_codes: (!policy.retriable_status_codes.is_empty()
+                && policy
+                    .retry_on
+                    .split(',')
+                    .any(|on| on == "retriable-status-codes"))
+            .then(|| Arc::clone(&policy.retriable_status_codes)),
             retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
             shadow: policy.mode == Mode::Shadow,
@@ -723,25 +729,29 @@ mod tests {
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");
     }
 
-    /// `retriable_status_codes: ""`: no header, and `retry_on` as written.
+    /// `retriable_status_codes: ""`, or a `retry_on` without
+    /// `retriable-status-codes` (Envoy would ignore the codes): no header.
     #[test]
     fn without_retriable_codes_no_codes_header_is_written() {
-        let policy = ClusterPolicy {
-            retriable_status_codes: "".into(),
-            retry_on: "5xx".into(),
-            ..Default::default()
-        };
-        let p = with_policy(&GET, &policy);
-        let names: Vec<String> = set(&p).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(
-            names,
-            [
-                HEDGE_ON_PER_TRY_TIMEOUT,
-                MAX_RETRIES,
-                RETRY_ON,
-                PER_TRY_TIMEOUT
-            ]
-        );
+        for (codes, retry_on) in [("", "5xx,retriable-status-codes"), ("429", "5xx")] {
+            let policy = ClusterPolicy {
+                retriable_status_codes: codes.into(),
+                retry_on: retry_on.into(),
+                ..Default::default()
+            };
+            let p = with_policy(&GET, &policy);
+            let names: Vec<String> = set(&p).into_iter().map(|(n, _)| n).collect();
+            assert_eq!(
+                names,
+                [
+                    HEDGE_ON_PER_TRY_TIMEOUT,
+                    MAX_RETRIES,
+                    RETRY_ON,
+                    PER_TRY_TIMEOUT
+                ],
+                "{codes:?} {retry_on:?}"
+            );
+        }
     }
 
     #[test]

@@ -101,23 +101,28 @@ impl Routes {
         if name.is_empty() || name.len() > MAX_ROUTE_NAME || max_routes == 0 {
             return None;
         }
-        let name = std::str::from_utf8(name).ok()?.to_string();
+        // A full table: the place of a route idle for long, found before
+        // anything is built (this runs on every request of a route left
+        // out). A request in flight may still hold the idle route's id: its
+        // one sample then goes to the new route, once in minutes at most.
+        let room = self.routes.len() < LOCAL_ROUTES_PER_LIMIT * max_routes;
+        let idle = match room {
+            true => None,
+            false => Some(self.routes.iter().position(|r| {
+                r.samples.is_empty() && now_ms.saturating_sub(r.seen_ms) >= ROUTE_IDLE_MS
+            })?),
+        };
         let fresh = RouteState {
-            name,
+            name: std::str::from_utf8(name).ok()?.to_string(),
             seen_ms: now_ms,
             samples: Sketch::new(),
             delay: None,
             metrics: MetricTable::default(),
         };
-        if self.routes.len() < LOCAL_ROUTES_PER_LIMIT * max_routes {
+        let Some(id) = idle else {
             self.routes.push(fresh);
             return Some(self.routes.len() - 1);
-        }
-        // A request in flight may still hold the idle route's id: its one
-        // sample then goes to the new route, once in five minutes at most.
-        let id = self.routes.iter().position(|r| {
-            r.samples.is_empty() && now_ms.saturating_sub(r.seen_ms) >= ROUTE_IDLE_MS
-        })?;
+        };
         let slot = self.routes.get_mut(id)?;
         let old = std::mem::replace(slot, fresh);
         if self.retired.len() >= RETIRED_MAX {
@@ -153,8 +158,15 @@ impl Routes {
             route.window.expire(now_ms);
             route.long.merge(now_ms, &Sketch::new());
         }
+        // A configuration learns the routes within its own limit only (a
+        // smaller one shares the value with a larger after a reload).
         for local in self.routes.iter().filter(|r| !r.samples.is_empty()) {
-            let slot = match shared.iter().position(|s| s.name == local.name) {
+            let within = shared.len().min(max_routes);
+            let slot = match shared
+                .iter()
+                .take(within)
+                .position(|s| s.name == local.name)
+            {
                 Some(i) => Some(i),
                 None if shared.len() < max_routes => {
                     shared.push(SharedRoute::new(local.name.clone(), geometry));
@@ -162,6 +174,7 @@ impl Routes {
                 }
                 None => shared
                     .iter()
+                    .take(within)
                     .position(|s| s.forgotten(now_ms))
                     .inspect(|&i| {
                         if let Some(s) = shared.get_mut(i) {
@@ -204,6 +217,12 @@ impl Routes {
             armed_share,
             budget,
         } = recent;
+        if self.now_ms == 0 {
+            // the routes named before the first tick were stamped 0
+            for r in self.routes.iter_mut() {
+                r.seen_ms = now_ms;
+            }
+        }
         self.now_ms = now_ms;
         for local in self.routes.iter_mut() {
             local.samples.clear();
@@ -214,6 +233,7 @@ impl Routes {
                 .map(|at_us| Censoring { at_us, armed_share });
             local.delay = shared
                 .iter()
+                .take(policy.max_routes)
                 .find(|s| s.name == local.name)
                 .and_then(|s| {
                     let recent = s.window.snapshot_recent_at_least(
@@ -385,5 +405,13 @@ mod tests {
         Routes::default().merge_into(&mut shared, later, 1, geometry());
         let names: Vec<&str> = shared.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["two", "four"]);
+        // and the smaller configuration does not learn "four" itself: past
+        // its limit, its samples stay in the cluster's window only
+        let mut small = Routes::default();
+        let four = small.lookup(b"four", 1).unwrap();
+        small.add_sample(four, 1000.0);
+        let before = shared[1].window.snapshot(later).count();
+        small.merge_into(&mut shared, later, 1, geometry());
+        assert_eq!(shared[1].window.snapshot(later).count(), before);
     }
 }

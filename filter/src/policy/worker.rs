@@ -65,8 +65,10 @@ pub const SAMPLES_PER_TICK: u32 = 256;
 /// each one it checks, up to four times as many).
 const EVICTIONS_PER_TICK: usize = 4;
 
-/// Evicted markers beside registered names a worker remembers (`stranded`).
+/// Evicted markers beside registered names a worker remembers (`stranded`),
+/// and for how many ticks.
 const MARKERS_REMEMBERED: usize = 32;
+const MARKER_TICKS: u64 = 5;
 
 /// Routes with overrides in their metadata a worker knows at most (each is
 /// hedged as a cluster of its own; past this their requests are not armed).
@@ -1404,6 +1406,18 @@ impl Worker {
         let max = self.config.max_clusters;
         let key = registry_key(self.geometry);
         let mut evicted = self.evict_idle(now_ms, store, &key, max);
+        // only while the marker is still there: a worker that put the name
+        // back and revived the value since keeps it
+        let geometry = self.geometry;
+        self.unregister.retain(|name| {
+            matches!(
+                store.get(&cluster_key(geometry, name)),
+                Ok(Some((bytes, _))) if matches!(
+                    SharedCluster::decode(&bytes, geometry),
+                    Err(DecodeError::Evicted)
+                )
+            )
+        });
         evicted.extend(self.unregister.iter().cloned());
         let clusters = &self.clusters;
         let mut outcome = Vec::new();
@@ -1455,6 +1469,10 @@ impl Worker {
             // replace an evicted marker: a name still registered beside a
             // marker is being evicted (its removal from the registry follows).
             state.revive = slot == Slot::Added;
+            if state.revive {
+                let name = &state.name;
+                self.markers_seen.retain(|(n, _)| n != name);
+            }
             state.tracking = if tracked {
                 Tracking::Tracked
             } else {
@@ -1556,6 +1574,10 @@ impl Worker {
     /// stranded only if it was seen at an earlier tick too.
     fn stranded(&mut self, name: &str) -> bool {
         let now = self.ticks;
+        // a sighting ticks ago was of another marker (an eviction since
+        // undone by a revival): it says nothing of this one
+        self.markers_seen
+            .retain(|&(_, at)| now.saturating_sub(at) <= MARKER_TICKS);
         if let Some(i) = self.markers_seen.iter().position(|(n, _)| n == name) {
             if self.markers_seen.get(i).is_some_and(|&(_, at)| at < now) {
                 self.markers_seen.swap_remove(i);
@@ -1638,6 +1660,11 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return;
         };
+        if !self.markers_seen.is_empty() {
+            // its value decoded: a marker seen before is gone
+            let name = &state.name;
+            self.markers_seen.retain(|(n, _)| n != name);
+        }
         state.revive = false;
         state.samples.clear();
         state.cut_short.clear();
@@ -1933,8 +1960,9 @@ impl TimerSlack {
 /// - responses since show the latency back (at least `RELEASE_RESPONSES`
 ///   of them, fewer than three times the planned share above the stale
 ///   delay): a stall that passed;
-/// - `MAX_LATCH_US` have passed (ten seconds, whatever `sync_interval`:
-///   it was fifty ticks, 500 s at a 10 s tick).
+/// - `MAX_LATCH_US` have passed, counted in ticks (ten seconds at most a
+///   tick early, whatever `sync_interval`: it was fifty ticks, 500 s at a
+///   10 s tick).
 ///
 /// A delay at `max_delay` is never latched (nor kept latched): it cannot
 /// follow the latency up, and the operator chose to hedge after it; the
@@ -2739,6 +2767,29 @@ mod tests {
             decision(&mut b, b"x", b"GET"),
             Decision::Skip(Skip::Untracked)
         );
+    }
+
+    /// A sighting says something of a marker for a few ticks only: one
+    /// seen long ago (an eviction since undone) does not make the next
+    /// marker of that name stranded at first sight, nor does one whose
+    /// value has decoded since.
+    #[test]
+    fn old_sightings_of_a_marker_do_not_make_a_new_one_stranded() {
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 1}"#));
+        assert!(!w.stranded("x"), "first sight");
+        w.ticks += MARKER_TICKS + 1;
+        assert!(!w.stranded("x"), "the old sighting is dropped");
+        w.ticks += 1;
+        assert!(w.stranded("x"), "seen at the tick before: stranded");
+        // a sighting, then the cluster's value decodes on a sync
+        traffic(&mut w, "y", 5, 1000);
+        w.sync(T0, &store, &mut log);
+        assert!(!w.stranded("y"));
+        traffic(&mut w, "y", 5, 1000);
+        w.sync(T0 + 200, &store, &mut log);
+        assert!(!w.stranded("y"), "its value decoded: first sight again");
     }
 
     /// The same stranded marker with room in the registry and no eviction

@@ -627,11 +627,6 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
     assert_eq!(contexts, ["GATEWAY", "SIDECAR_OUTBOUND"]);
 }
 
-/// Every shipped Istio plugin (sidecar, gateway, waypoint, streaming) names
-/// the bootstrap's cluster to Envoy's admin, which pilot-agent's default
-/// bootstrap has in every proxy it starts: without it the plugin cannot
-/// read that the DestinationRule's outlier detection never counts a hedge's
-/// timeout, and holds hedges back on every cluster.
 /// Every `HTTP_ROUTE` MERGE the Istio manifests ship matches forwarding
 /// routes only: merged into a redirect or a `direct_response` (Istio's
 /// `block_all` virtual host under `REGISTRY_ONLY`, a VirtualService
@@ -661,6 +656,11 @@ fn istio_route_patches_touch_only_routes_that_forward() {
     assert!(seen >= 4, "{seen} route patches");
 }
 
+/// Every shipped Istio plugin (sidecar, gateway, waypoint, streaming) names
+/// the bootstrap's cluster to Envoy's admin, which pilot-agent's default
+/// bootstrap has in every proxy it starts: without it the plugin cannot
+/// read that the DestinationRule's outlier detection never counts a hedge's
+/// timeout, and holds hedges back on every cluster.
 #[test]
 fn every_istio_plugin_names_the_bootstrap_admin_cluster() {
     let docs = istio_documents();
