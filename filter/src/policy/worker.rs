@@ -500,6 +500,9 @@ pub struct Worker {
     registry_full_logged: bool,
     /// The worker's own table of clusters was found full (see `insert`).
     table_full_logged: bool,
+    /// A route's overrides could not be read (see
+    /// `plan_unreadable_overrides`).
+    unreadable_overrides_logged: bool,
     /// Where this tick's look for idle clusters starts in the registry.
     eviction_cursor: usize,
     /// Registered names whose key held an evicted marker, and the tick it
@@ -601,6 +604,7 @@ impl Worker {
             metrics: MetricTable::default(),
             registry_full_logged: false,
             table_full_logged: false,
+            unreadable_overrides_logged: false,
             eviction_cursor: 0,
             markers_seen: Vec::new(),
             unregister: Vec::new(),
@@ -912,6 +916,25 @@ impl Worker {
             target,
         });
         target.map_or(VariantLookup::Refused, VariantLookup::Cluster)
+    }
+
+    /// The plan for a request whose route's overrides could not be read
+    /// (Envoy answered an error, not "none"): not armed, as for overrides
+    /// refused. Taken for "no overrides" it would be armed with the
+    /// cluster's policy where the route may say `disabled` or `shadow`.
+    /// Counted as refused; said once.
+    pub fn plan_unreadable_overrides(&mut self, cluster: &[u8], request: &Request) -> Plan {
+        self.metrics.add(WorkerMetric::RouteOverridesRefused, 1);
+        if !std::mem::replace(&mut self.unreadable_overrides_logged, true) {
+            self.pending_log.push((
+                Level::Error,
+                format!(
+                    "a route's overrides (xds.route_metadata.filter_metadata.adaptive_hedge) to cluster \"{}\" cannot be read: its requests are not hedged",
+                    String::from_utf8_lossy(cluster)
+                ),
+            ));
+        }
+        decision::plan(request, &self.config, Cluster::Misconfigured)
     }
 
     /// An upstream response arrived `latency_us` after the request started:

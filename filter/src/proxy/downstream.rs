@@ -156,7 +156,8 @@ impl<H: Host> DownstreamRequest<H> {
             None => None,
         };
         // A named route's overrides as read within the last second, else
-        // read (a host call); a failed read is a route without overrides.
+        // read (a host call). None there is no overrides; a failed read is
+        // a route not hedged (its overrides may say `disabled`).
         let cached = match (&cluster, &route, worker.try_borrow()) {
             (Some(c), Some(r), Ok(w)) => w.route_metadata(c, r).map(<[u8]>::to_vec),
             _ => None,
@@ -164,12 +165,14 @@ impl<H: Host> DownstreamRequest<H> {
         let overrides = match (cached, &cluster) {
             (Some(cached), _) => cached,
             (None, Some(c)) => {
-                let read = self
-                    .host
-                    .property(ROUTE_OVERRIDES)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+                let Ok(read) = self.host.property(ROUTE_OVERRIDES) else {
+                    let plan = match worker.try_borrow_mut() {
+                        Ok(mut w) => w.plan_unreadable_overrides(c, request),
+                        Err(_) => unplanned(request, self.trust_client_headers),
+                    };
+                    return self.carry_out(plan, None, None);
+                };
+                let read = read.unwrap_or_default();
                 if let (Some(r), Ok(mut w)) = (&route, worker.try_borrow_mut()) {
                     w.remember_route_metadata(c, r, &read);
                 }
@@ -1072,6 +1075,26 @@ mod tests {
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();
         assert_eq!(host.calls_to("property"), 3, "{:?}", host.state().calls);
+    }
+
+    /// Envoy answers an error, not "none", for a route's overrides: the
+    /// request is not armed (the overrides may say `disabled`), the failure
+    /// is not remembered, and the next read that works arms again.
+    #[test]
+    fn unreadable_route_overrides_are_not_taken_for_none() {
+        let (host, mut plugin) = warmed("{}");
+        host.fail("property xds.route_metadata.filter_metadata.adaptive_hedge");
+        host.request(Some("backend"), GET);
+        host.set_property(ROUTE_NAME, b"r");
+        request(&plugin).on_request_headers();
+        assert_eq!(host.request_header_text(PER_TRY_TIMEOUT), None);
+        plugin.on_tick();
+        assert!(host.logged("cannot be read"), "{:?}", host.state().log);
+        host.state_mut().failing.clear();
+        host.request(Some("backend"), GET);
+        host.set_property(ROUTE_NAME, b"r");
+        request(&plugin).on_request_headers();
+        assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some());
     }
 
     #[test]
