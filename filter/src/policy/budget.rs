@@ -303,10 +303,14 @@ impl LocalBudget {
     }
 
     /// Balances this worker's tokens against the cluster's shared pool
-    /// (micro-tokens); neither side keeps more than `burst` after it.
+    /// (micro-tokens): the worker keeps at most its cap, and what it adds
+    /// takes the pool to at most its cap too. A pool already above this
+    /// worker's cap (a busier worker's savings) is not cut down to it: a
+    /// worker at a low rate clipped it every tick, and the reserve was lost
+    /// wherever traffic was spread unevenly over the workers.
     pub fn rebalance(&mut self, pool: &mut u64) {
         let cap = self.saved_cap;
-        let burst = self.saved_cap.max(0) as u64;
+        let burst = (self.saved_cap.max(0) as u64).max(*pool);
         if self.free > cap {
             *pool = pool.saturating_add(self.free.abs_diff(cap));
             self.free = cap;
@@ -692,6 +696,15 @@ mod tests {
         let mut flush = budget(50 * T);
         flush.rebalance(&mut pool);
         assert_eq!(pool, BURST);
+        // a worker whose cap is lower (a lower rate) does not cut a pool a
+        // busier worker filled: it adds nothing past it, and takes its share
+        let mut pool = 40 * U;
+        let mut quiet = budget(12 * T);
+        quiet.rebalance(&mut pool);
+        assert_eq!((quiet.free, pool), (10 * T, 40 * U));
+        let mut short = budget(7 * T);
+        short.rebalance(&mut pool);
+        assert_eq!((short.free, pool), (10 * T, 37 * U));
     }
 
     /// A simulated 60 s outage at 1000 req/s over two workers, every request

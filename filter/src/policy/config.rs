@@ -548,9 +548,11 @@ impl Config {
 }
 
 impl ClusterPolicy {
-    /// `max_delay` in the per-try timeout's milliseconds.
+    /// `max_delay` in the per-try timeout's milliseconds, rounded up as
+    /// the delay is (`2900us` rounded down to 2 ms put the timeout below a
+    /// `min_delay` of `2500us`).
     pub fn max_delay_ms(&self) -> u64 {
-        u64::try_from(self.max_delay.as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.max_delay.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
     }
 
     pub fn allows_method(&self, method: &[u8]) -> bool {
@@ -891,6 +893,15 @@ mod tests {
             "{:?}",
             c.warnings
         );
+    }
+
+    /// The router's timeout is whole milliseconds, rounded up: `max_delay`
+    /// too, so a per-try timeout is never below `min_delay`.
+    #[test]
+    fn a_sub_millisecond_max_delay_rounds_up_as_the_delay_does() {
+        let c = Config::parse(br#"{"min_delay": "2500us", "max_delay": "2900us"}"#).unwrap();
+        assert_eq!(c.defaults.max_delay_ms(), 3);
+        assert_eq!(ClusterPolicy::default().max_delay_ms(), 300_000);
     }
 
     #[test]

@@ -204,7 +204,10 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censoring: Censoring) -> Op
     if n == 0 {
         return None;
     }
-    let target = 1.0 - q.clamp(0.0, 1.0);
+    // a hair above: 1 - 0.9 is 0.09999999999999998, and a survival of
+    // exactly 10 in 100 must meet it (else the quantile is a bucket high:
+    // in a bimodal cluster, the slow mode)
+    let target = 1.0 - q.clamp(0.0, 1.0) + SURVIVAL_TOLERANCE;
     let survival = survival_points(samples, n);
     let d = censoring.at_us.max(0.0);
     let armed = censoring.armed_share.clamp(0.0, 1.0);
@@ -218,7 +221,11 @@ pub fn uncensored_quantile(samples: &Sketch, q: f64, censoring: Censoring) -> Op
             let below = if y < d {
                 survival_at(&survival, y).unwrap_or(1.0)
             } else {
-                survival_at(&rebuilt, y).unwrap_or(1.0)
+                // below the first rebuilt point (a gap after d): the
+                // samples' survival there, not 1
+                survival_at(&rebuilt, y)
+                    .or_else(|| survival_at(&survival, y))
+                    .unwrap_or(1.0)
             };
             // the unarmed share's samples are whole: S_samples(x) =
             // (1 - a) S(x) + a S(x) S(x - d)
@@ -255,6 +262,9 @@ fn survival_points(samples: &Sketch, n: u64) -> Vec<(f64, f64)> {
 
 /// The survival at `y` of a step function given by `points` (`None`
 /// below the first point).
+/// Float slack in comparing a survival with `1 - q`.
+const SURVIVAL_TOLERANCE: f64 = 1e-12;
+
 fn survival_at(points: &[(f64, f64)], y: f64) -> Option<f64> {
     let i = points.partition_point(|(v, _)| *v <= y);
     i.checked_sub(1).and_then(|i| points.get(i)).map(|p| p.1)
@@ -270,7 +280,10 @@ pub fn hedged_quantile(samples: &Sketch, delay_us: f64, q: f64) -> Option<f64> {
     if n == 0 {
         return None;
     }
-    let target = 1.0 - q.clamp(0.0, 1.0);
+    // a hair above: 1 - 0.9 is 0.09999999999999998, and a survival of
+    // exactly 10 in 100 must meet it (else the quantile is a bucket high:
+    // in a bimodal cluster, the slow mode)
+    let target = 1.0 - q.clamp(0.0, 1.0) + SURVIVAL_TOLERANCE;
     let survival = survival_points(samples, n);
     let at = |y: f64| survival_at(&survival, y).unwrap_or(1.0);
     let d = delay_us.max(0.0);
@@ -348,6 +361,26 @@ mod tests {
         let late = hedged_quantile(&sketch, 100_000.0, 0.99).unwrap();
         assert!((late - unhedged).abs() < 1.0, "{late} vs {unhedged}");
         assert_eq!(hedged_quantile(&Sketch::new(), 1.0, 0.99), None);
+    }
+
+    /// 90 samples at 10 ms and 10 at 100 ms: the p90 is 10 ms, also where
+    /// the survival meets 1 - 0.9 exactly (in floats 1 - 0.9 is a hair
+    /// below 0.1, and the rebuilt quantile was the slow mode's).
+    #[test]
+    fn a_survival_of_exactly_one_minus_q_is_the_quantile() {
+        let mut sketch = Sketch::new();
+        for i in 0..100 {
+            sketch.add(if i < 90 { 10_000.0 } else { 100_000.0 });
+        }
+        let plain = sketch.quantile(0.9).unwrap();
+        assert!(plain < 11_000.0, "{plain}");
+        let whole = Censoring {
+            at_us: 5_000.0,
+            armed_share: 0.0,
+        };
+        assert_eq!(uncensored_quantile(&sketch, 0.9, whole), Some(plain));
+        let hedged = hedged_quantile(&sketch, 1e9, 0.9).unwrap();
+        assert!(hedged < 11_000.0, "{hedged}");
     }
 
     use super::*;
