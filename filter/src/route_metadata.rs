@@ -88,10 +88,14 @@ fn read_number(raw: &[u8]) -> Option<Value> {
     let parsed = std::str::from_utf8(raw)
         .ok()
         .and_then(|t| t.trim().parse::<f64>().ok());
+    // eight printable characters are text that is not a number ("0,950000",
+    // "1_000.50"), refused, not the bytes of a double near 1e-76: a
+    // setting's double has an exponent or mantissa byte outside them
+    let printable = raw.iter().all(|b| (0x20..=0x7e).contains(b));
     let x = match (parsed, <[u8; 8]>::try_from(raw)) {
         (Some(x), _) => x,
-        (None, Ok(bytes)) => f64::from_le_bytes(bytes),
-        (None, Err(_)) => return None,
+        (None, Ok(bytes)) if !printable => f64::from_le_bytes(bytes),
+        _ => return None,
     };
     if !x.is_finite() {
         return None;
@@ -198,6 +202,23 @@ mod tests {
         assert_eq!(
             overrides_to_json(&commas, kind_of),
             Ok(json!({"idempotent_methods": ["GET", "HEAD"]}))
+        );
+    }
+
+    /// Eight characters of text that is no number are refused, not read
+    /// as the bytes of a double (about 1.4e-76 for "0,950000", which the
+    /// percentile's range accepted).
+    #[test]
+    fn eight_characters_of_text_are_not_a_double() {
+        for text in ["0,950000", "1_000.50"] {
+            let buf = pairs::serialise(&[("percentile", text)]);
+            let e = overrides_to_json(&buf, kind_of).unwrap_err();
+            assert_eq!(e.why, "expected a number", "{text}");
+        }
+        let buf = pairs::serialise(&[(&b"percentile"[..], &0.95f64.to_le_bytes()[..])]);
+        assert_eq!(
+            overrides_to_json(&buf, kind_of),
+            Ok(json!({"percentile": 0.95}))
         );
     }
 

@@ -706,6 +706,10 @@ impl Config {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig =
             serde_path_to_error::deserialize(&mut de).map_err(|e| path_error(e, ""))?;
+        // text after the object (a brace closed too early) is an error, not
+        // settings silently dropped
+        de.end()
+            .map_err(|e| error("(root)", "", format!("text after the configuration: {e}")))?;
         Self::validate(raw)
     }
 
@@ -732,11 +736,17 @@ impl Config {
         let defaults = top.merge_over(&ClusterPolicy::default(), "")?;
         defaults.check("", &top, &mut warnings)?;
         if defaults.disabled {
-            warnings.push("\"disabled\": true at the top level turns hedging off for every cluster without an override".into());
+            warnings.push("\"disabled\": true at the top level turns hedging off for every cluster whose override does not set \"disabled\": false".into());
         }
         config.admin_cluster_given = raw.admin_cluster.is_some();
+        let sync_given = raw.sync_interval.is_some();
         raw.apply_globals(&mut config)?;
         let slice = *config.window / SLICES as u32;
+        if !sync_given && *config.sync_interval > slice {
+            // the default tick, shortened to fit a window under 1.2 s (the
+            // README allows 1 s): the user wrote no sync_interval to blame
+            config.sync_interval = TextDuration(slice);
+        }
         if *config.sync_interval > slice {
             return Err(error(
                 "sync_interval",
@@ -895,6 +905,14 @@ mod tests {
         );
     }
 
+    /// The README's shortest window, 1 s, with the default tick (which
+    /// would exceed a sixth of it): the tick is shortened to fit.
+    #[test]
+    fn the_shortest_window_fits_the_default_tick() {
+        let c = Config::parse(br#"{"window": "1s"}"#).unwrap();
+        assert!(*c.sync_interval <= *c.window / 6, "{:?}", c.sync_interval);
+    }
+
     /// The router's timeout is whole milliseconds, rounded up: `max_delay`
     /// too, so a per-try timeout is never below `min_delay`.
     #[test]
@@ -1004,6 +1022,7 @@ mod tests {
             (r#"{"min_samples": 0}"#, "min_samples"),
             (r#"{"window": "10ms"}"#, "window"),
             (r#"{"sync_interval": "1ms"}"#, "sync_interval"),
+            (r#"{"percentile": 0.95}, "budget_percent": 5}"#, "(root)"),
             (
                 r#"{"window": "2s", "sync_interval": "1s"}"#,
                 "sync_interval",
