@@ -82,22 +82,19 @@ fn read_bool(raw: &[u8]) -> Option<Value> {
 }
 
 /// Text first (YAML floats, quoted numbers), else the 8 bytes of a double.
-/// The two cannot be confused for a value any setting accepts: a double
-/// whose 8 bytes are all digits and dots is below 1e-30 or above 1e30.
+/// Eight characters of number-like text that is no number ("0,950000",
+/// "1_000.50") are refused, not read as a double near 1e-76; and a value
+/// whose own eight bytes would read as text is refused too (no setting
+/// takes such values: 1e-77, 1e24 and the like), so what is read encodes
+/// back to bytes that read the same.
 fn read_number(raw: &[u8]) -> Option<Value> {
-    let parsed = std::str::from_utf8(raw)
-        .ok()
-        .and_then(|t| t.trim().parse::<f64>().ok());
-    // eight printable characters are text that is not a number ("0,950000",
-    // "1_000.50"), refused, not the bytes of a double near 1e-76: a
-    // setting's double has an exponent or mantissa byte outside them
-    let printable = raw.iter().all(|b| (0x20..=0x7e).contains(b));
-    let x = match (parsed, <[u8; 8]>::try_from(raw)) {
+    let x = match (as_text_number(raw), <[u8; 8]>::try_from(raw)) {
         (Some(x), _) => x,
-        (None, Ok(bytes)) if !printable => f64::from_le_bytes(bytes),
+        (None, Ok(bytes)) if !number_like_text(raw) => f64::from_le_bytes(bytes),
         _ => return None,
     };
-    if !x.is_finite() {
+    let bytes = x.to_le_bytes();
+    if !x.is_finite() || as_text_number(&bytes).is_some() || number_like_text(&bytes) {
         return None;
     }
     if x.fract() == 0.0 && x.abs() <= EXACT_INTEGER {
@@ -105,6 +102,20 @@ fn read_number(raw: &[u8]) -> Option<Value> {
         return Some(Value::Number(Number::from(x as i64)));
     }
     Number::from_f64(x).map(Value::Number)
+}
+
+fn as_text_number(raw: &[u8]) -> Option<f64> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| t.trim().parse::<f64>().ok())
+}
+
+/// Digits with a number's punctuation only.
+fn number_like_text(raw: &[u8]) -> bool {
+    raw.iter().any(u8::is_ascii_digit)
+        && raw
+            .iter()
+            .all(|b| b.is_ascii_digit() || b" .,_+-eE".contains(b))
 }
 
 /// A list (pairs whose firsts are the items), or one comma-separated text.
@@ -203,6 +214,28 @@ mod tests {
             overrides_to_json(&commas, kind_of),
             Ok(json!({"idempotent_methods": ["GET", "HEAD"]}))
         );
+    }
+
+    /// What is read encodes back to bytes that read the same (the fuzz
+    /// target's property), on the input that found a number whose eight
+    /// bytes were printable text.
+    #[test]
+    fn the_fuzzed_input_reads_back_the_same() {
+        let data: &[u8] = &[
+            6, 0, 0, 0, 14, 0, 0, 0, 8, 0, 0, 0, 10, 0, 0, 0, 8, 0, 0, 0, 10, 0, 0, 0, 3, 0, 0, 0,
+            8, 0, 0, 0, 1, 0, 0, 0, 18, 0, 0, 0, 30, 0, 0, 0, 9, 0, 0, 0, 3, 0, 0, 0, 98, 117, 100,
+            103, 101, 116, 95, 112, 101, 114, 99, 101, 110, 116, 0, 0, 0, 0, 0, 0, 0, 78, 64, 0,
+            109, 97, 120, 95, 104, 101, 100, 103, 101, 115, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 112,
+            101, 114, 99, 101, 110, 116, 105, 108, 101, 0, 56, 46, 54, 0, 114, 101, 116, 114, 121,
+            95, 111, 110, 0, 0, 0, 105, 100, 101, 109, 112, 111, 116, 101, 110, 116, 95, 109, 101,
+            116, 104, 111, 100, 115, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 42, 0,
+            0, 71, 69, 84, 0, 0, 80, 85, 84, 0, 0, 0, 109, 105, 110, 95, 100, 101, 108, 97, 121, 0,
+            53, 109, 115, 0,
+        ];
+        let kind = crate::policy::config::policy_field_kind;
+        if let Ok(json) = overrides_to_json(data, kind) {
+            assert_eq!(overrides_to_json(&encode(&json), kind), Ok(json));
+        }
     }
 
     /// Eight characters of text that is no number are refused, not read
