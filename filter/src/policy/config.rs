@@ -555,6 +555,17 @@ impl ClusterPolicy {
         u64::try_from(self.max_delay.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
     }
 
+    /// `x-envoy-retriable-status-codes` of armed requests: the codes, if
+    /// any and if `retry_on` has `retriable-status-codes` (without it Envoy
+    /// ignores them; the config warns).
+    pub fn retriable_codes_header(&self) -> Option<&Arc<str>> {
+        let on = self
+            .retry_on
+            .split(',')
+            .any(|on| on == "retriable-status-codes");
+        (on && !self.retriable_status_codes.is_empty()).then_some(&self.retriable_status_codes)
+    }
+
     pub fn allows_method(&self, method: &[u8]) -> bool {
         self.idempotent_methods
             .iter()
@@ -615,10 +626,7 @@ impl ClusterPolicy {
         let written = raw.retry_on.is_some() || raw.retriable_status_codes.is_some();
         if written
             && !self.retriable_status_codes.is_empty()
-            && !self
-                .retry_on
-                .split(',')
-                .any(|on| on == "retriable-status-codes")
+            && self.retriable_codes_header().is_none()
         {
             warnings.push(format!(
                 "{prefix}retriable_status_codes: not written, retry_on has no retriable-status-codes (a hedge's {} then ends the race)",

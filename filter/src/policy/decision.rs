@@ -604,14 +604,7 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
             hedges,
             max_retries: hedges.max(policy.route_retries),
             retry_on: Arc::clone(&policy.retry_on),
-            // without it in `retry_on` Envoy ignores the codes (the config
-            // warns): not a host call for nothing
-            retriable_status_codes: (!policy.retriable_status_codes.is_empty()
-                && policy
-                    .retry_on
-                    .split(',')
-                    .any(|on| on == "retriable-status-codes"))
-            .then(|| Arc::clone(&policy.retriable_status_codes)),
+            retriable_status_codes: policy.retriable_codes_header().cloned(),
             retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
             shadow: policy.mode == Mode::Shadow,
