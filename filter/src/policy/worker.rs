@@ -98,8 +98,9 @@ metric_set! {
         /// this worker's armed requests were past their delay.
         Paced = ("paced_total", Counter),
         Ineligible = ("ineligible_total", Counter),
-        /// Hedges the router sent although the response came before their
-        /// delay (its timers fire early on a busy event loop; see `settle`).
+        /// Hedges the router sent although the primary answered before
+        /// their delay (its timers fire early on a busy event loop; see
+        /// `settle`).
         EarlyHedges = ("early_hedges_total", Counter),
         HedgeDelayUs = ("hedge_delay_microseconds", Gauge),
         /// 0 while the delay is the learned quantile; 1 while it is held at
@@ -1032,6 +1033,25 @@ impl Worker {
         }
     }
 
+    /// Whether the host the filter named for the primary (`pick`) gave the
+    /// answer read from `upstream.address` (`address`; `None`: not read,
+    /// which after a single attempt means the named host's). `None` when
+    /// the filter named no host or the answer is not known.
+    pub fn primary_answered(
+        &self,
+        id: ClusterId,
+        pick: Option<HostPick>,
+        address: Option<&[u8]>,
+        attempts: Option<u64>,
+    ) -> Option<bool> {
+        let pick = pick?;
+        let primary = self.clusters.get(id)?.hosts.get(pick.primary)?;
+        match address {
+            Some(address) => Some(primary.address.as_bytes() == address),
+            None => (attempts == Some(1)).then_some(true),
+        }
+    }
+
     /// Whether the glue must read which host answered a response of a
     /// request whose primary the filter named (`pick`), after `attempts`.
     /// After a single attempt the answer is the named host's wherever
@@ -1074,17 +1094,26 @@ impl Worker {
     /// every reserved hedge is paid as sent).
     ///
     /// `latency_us`: the response's time, if it was timed. A hedge sent
-    /// although the response came before its per-try timeout was sent
+    /// although the primary answered before its per-try timeout was sent
     /// early: Envoy sets timers from a time read at the start of its event
     /// loop's pass, so on a busy loop they fire early (a 4 ms per-try
     /// timeout on a 3 ms upstream sent hedges on 40% of requests, 4 callers,
     /// against 4% with one caller). The early share raises the timeout.
+    /// `primary_answered`: whether the primary's host gave the answer, when
+    /// the filter knows (`Worker::primary_answered`). A second attempt whose
+    /// answer came from another host before the timeout is a retry after a
+    /// fast failure (a 503, a 429, a reset), not an early timer: counted as
+    /// early, an error storm set every hedge 50 ms late, for minutes after.
+    /// Not knowing, only answers within `EARLY_TIMER_REACH_US` of the
+    /// timeout count: an early timer's hedge races a primary about to
+    /// answer, while a retry's answer is a whole fresh attempt later.
     pub fn settle(
         &mut self,
         settlement: Settlement,
         attempts: Option<u64>,
         latency_us: Option<u64>,
         ended_ns: Option<u64>,
+        primary_answered: Option<bool>,
     ) {
         let Some(state) = self.clusters.get_mut(settlement.cluster) else {
             return;
@@ -1119,7 +1148,11 @@ impl Worker {
         }
         state.sent_unsynced += extra;
         if let Some(latency_us) = latency_us {
-            let early = sent > 0 && latency_us < settlement.per_try_timeout_ms * 1000;
+            let per_try_us = settlement.per_try_timeout_ms.saturating_mul(1000);
+            let early = sent > 0
+                && latency_us < per_try_us
+                && primary_answered
+                    .unwrap_or(latency_us.saturating_add(EARLY_TIMER_REACH_US) >= per_try_us);
             state.timer.observe(sent > 0, early);
             if early {
                 state.metrics.add(ClusterMetric::EarlyHedges, 1);
@@ -2164,6 +2197,12 @@ impl NewRegime {
 /// The most the per-try timeout is set after the delay.
 const MAX_TIMER_SLACK_MS: u64 = 50;
 
+/// Where the filter cannot tell which host answered: how far before the
+/// per-try timeout an answer to a request hedged early may come. A timer
+/// fires early by the time its event loop's pass had run when it was set
+/// (a millisecond or two on a busy loop; 4 ms when the box stalls).
+const EARLY_TIMER_REACH_US: u64 = 5_000;
+
 /// What `update_shared` met on its way.
 struct SharedUpdate<T> {
     /// Stored values that did not decode and were replaced, and the first
@@ -2301,7 +2340,7 @@ mod tests {
                 let plan = w.plan(Some(cluster.as_bytes()), None, &GET);
                 w.on_response(plan.cluster.unwrap(), plan.route, us);
                 if let Some(s) = plan.settlement() {
-                    w.settle(s, Some(1), None, None);
+                    w.settle(s, Some(1), None, None, None);
                 }
                 plan.decision
             })
@@ -2324,7 +2363,7 @@ mod tests {
             let plan = w.plan(Some(b"c"), None, &GET);
             w.on_response(plan.cluster.unwrap(), plan.route, i * 100);
             if let Some(s) = plan.settlement() {
-                w.settle(s, Some(1), None, None);
+                w.settle(s, Some(1), None, None, None);
             }
         }
         w.sync(T0 + 200, &store, &mut log);
@@ -3006,10 +3045,10 @@ mod tests {
         // armed and hedged
         let plan = w.plan(Some(b"c"), None, &GET);
         assert!(matches!(plan.decision, Decision::Arm(_)));
-        w.settle(plan.settlement().unwrap(), Some(2), None, None);
+        w.settle(plan.settlement().unwrap(), Some(2), None, None, None);
         // armed, and ended before its hedge
         let plan = w.plan(Some(b"c"), None, &GET);
-        w.settle(plan.settlement().unwrap(), Some(1), None, None);
+        w.settle(plan.settlement().unwrap(), Some(1), None, None, None);
         // not idempotent
         assert_eq!(
             decision(&mut w, b"c", b"POST"),
@@ -3214,7 +3253,7 @@ mod tests {
                     1
                 };
                 if let Some(s) = plan.settlement() {
-                    w.settle(s, Some(sent), Some(2500), None);
+                    w.settle(s, Some(sent), Some(2500), None, None);
                 }
             }
             now += 200;
@@ -3243,6 +3282,61 @@ mod tests {
             .get("adaptive_hedge.hedge_delay_microseconds.c")
             .unwrap();
         assert!((2900..=3100).contains(&delay), "{delay}");
+    }
+
+    /// A second attempt answered before the per-try timeout by another
+    /// host than the primary's is a retry after a fast failure (a 503 storm
+    /// on one host), not a timer that fired early: it leaves the timeout
+    /// alone. Where the filter does not know who answered, only answers
+    /// close to the timeout count: a retry's answer is a whole fresh
+    /// attempt later than the failure, far below a delay at the p94.
+    #[test]
+    fn retries_after_fast_failures_do_not_set_the_timeout_later() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10, "budget_percent": 50}"#));
+        traffic(&mut w, "c", 200, 30_000);
+        w.sync(T0, &store, &mut Lines::default());
+        let per_try = |w: &Worker| {
+            w.cluster(0)
+                .unwrap()
+                .hedge_delay()
+                .unwrap()
+                .per_try_timeout_ms
+        };
+        let base = per_try(&w);
+        assert!((29..=32).contains(&base), "{base}");
+        let mut now = T0;
+        // 40 armed requests, a third retried; answered after `latency_us`
+        let mut round = |w: &mut Worker, latency_us: u64, primary_answered: Option<bool>| {
+            for i in 0..40u64 {
+                let plan = w.plan(Some(b"c"), None, &GET);
+                let (sent, answered) = match i % 3 {
+                    0 => (2, primary_answered),
+                    _ => (1, Some(true)),
+                };
+                if let Some(s) = plan.settlement() {
+                    w.settle(s, Some(sent), Some(latency_us), None, answered);
+                }
+            }
+            now += 200;
+            w.sync(now, &store, &mut Lines::default());
+        };
+        // the retry's host answered, 12 ms in
+        round(&mut w, 12_000, Some(false));
+        round(&mut w, 12_000, Some(false));
+        assert_eq!(per_try(&w), base);
+        // not known who answered, 12 ms in: a retry, not an early timer
+        round(&mut w, 12_000, None);
+        assert_eq!(per_try(&w), base);
+        // not known who answered, 1 ms before the timeout: an early timer
+        round(&mut w, (base - 1) * 1000, None);
+        assert_eq!(per_try(&w), base + 1);
+        // the primary's host answered, 12 ms in, hedged: an early timer
+        round(&mut w, 12_000, Some(true));
+        assert_eq!(per_try(&w), base + 2);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.early_hedges_total.c"), Some(28));
     }
 
     /// Requests through a worker to three hosts, as the proxy glue reports
@@ -3275,7 +3369,7 @@ mod tests {
                 w.end_pick(id, pick);
             }
             if let Some(s) = plan.settlement() {
-                w.settle(s, Some(1), None, None);
+                w.settle(s, Some(1), None, None, None);
             }
         }
         arrivals

@@ -42,6 +42,17 @@ struct Origin {
     timed_out: bool,
 }
 
+/// Which host answered a request whose cluster learns its hosts
+/// (`DownstreamRequest::read_answer`).
+struct Answer {
+    cluster: ClusterId,
+    pick: Option<HostPick>,
+    /// `upstream.address`, if read.
+    address: Option<Vec<u8>>,
+    /// Whether the host named for the primary answered, if known.
+    primary_answered: Option<bool>,
+}
+
 /// `response.code_details` of the router's reply when the route's timeout
 /// fires (the second, Envoy before 1.33's).
 const TIMEOUT_DETAILS: [&[u8]; 2] = [b"response_timeout", b"upstream_response_timeout"];
@@ -245,7 +256,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // Nothing armed may be left behind, and the tokens go back.
                 self.strip(Strip::ARMING);
                 if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
-                    worker.settle(settlement, Some(1), None, None);
+                    worker.settle(settlement, Some(1), None, None, None);
                 }
             }
         }
@@ -287,9 +298,15 @@ impl<H: Host> DownstreamRequest<H> {
 
     /// Settles the armed hedges, once: `upstream.request_attempt_count` says
     /// how many attempts Envoy started.
-    /// `latency_us`: the response's, if it was timed (to tell a hedge the
-    /// router sent before its delay).
-    fn settle(&mut self, attempts: Option<u64>, latency_us: Option<u64>) {
+    /// `latency_us`: the response's, if it was timed, and whether the
+    /// primary's host answered, if known (to tell a hedge the router sent
+    /// before its delay).
+    fn settle(
+        &mut self,
+        attempts: Option<u64>,
+        latency_us: Option<u64>,
+        primary_answered: Option<bool>,
+    ) {
         let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
             return;
         };
@@ -302,7 +319,7 @@ impl<H: Host> DownstreamRequest<H> {
         .then(|| self.host.now_ns().ok())
         .flatten();
         if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.settle(settlement, attempts, latency_us, ended_ns);
+            worker.settle(settlement, attempts, latency_us, ended_ns, primary_answered);
         }
     }
 
@@ -331,15 +348,10 @@ impl<H: Host> DownstreamRequest<H> {
         int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok())
     }
 
-    /// Tells the worker which host answered (a timed or chosen request of
-    /// a cluster that learns its hosts), and ends the pick; once. Returns
-    /// the host's address for the debug header.
-    fn report_host(
-        &mut self,
-        timed: bool,
-        latency_us: Option<u64>,
-        attempts: Option<u64>,
-    ) -> Option<Vec<u8>> {
+    /// Ends the pick of a request of a cluster that learns its hosts, and
+    /// reads which host answered where the worker needs it (a timed or
+    /// shown response); once.
+    fn read_answer(&mut self, timed: bool, attempts: Option<u64>) -> Option<Answer> {
         let cluster = self.host_cluster.take()?;
         let pick = self.pick.take();
         let worker = self.worker.clone()?;
@@ -359,7 +371,32 @@ impl<H: Host> DownstreamRequest<H> {
         } else {
             None
         };
+        let primary_answered = worker.primary_answered(cluster, pick, address.as_deref(), attempts);
+        Some(Answer {
+            cluster,
+            pick,
+            address,
+            primary_answered,
+        })
+    }
+
+    /// Tells the worker which host answered (`read_answer`). Returns the
+    /// host's address for the debug header.
+    fn report_answer(
+        &mut self,
+        answer: Answer,
+        latency_us: Option<u64>,
+        attempts: Option<u64>,
+    ) -> Option<Vec<u8>> {
+        let Answer {
+            cluster,
+            pick,
+            address,
+            ..
+        } = answer;
+        let worker = self.worker.clone()?;
         let origin = self.origin();
+        let mut worker = worker.try_borrow_mut().ok()?;
         let from_upstream = origin.from_upstream;
         let failed = !from_upstream || origin.status.is_some_and(|code| code >= 500);
         worker.on_host_response(
@@ -503,13 +540,14 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             Some(_) => self.shadow_attempts(),
             None => attempts,
         };
-        self.settle(settled_attempts, latency_us);
         // In first-byte mode the host is judged on the first byte.
-        let host = if on_headers {
-            self.report_host(timed, latency_us, attempts)
-        } else {
-            None
+        let answer = match on_headers {
+            true => self.read_answer(timed, attempts),
+            false => None,
         };
+        let primary_answered = answer.as_ref().and_then(|a| a.primary_answered);
+        self.settle(settled_attempts, latency_us, primary_answered);
+        let host = answer.and_then(|a| self.report_answer(a, latency_us, attempts));
         if let Some(decision) = &self.decision {
             let mut text = decision.describe();
             if let Some(endpoint) = &self.endpoint {
@@ -541,7 +579,9 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
                 let attempts = (timed || self.attributes())
                     .then(|| self.attempts())
                     .flatten();
-                let _ = self.report_host(timed, latency_us, attempts);
+                if let Some(answer) = self.read_answer(timed, attempts) {
+                    let _ = self.report_answer(answer, latency_us, attempts);
+                }
             }
         }
         Action::Continue
@@ -554,7 +594,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             Some(_) => self.shadow_attempts(),
             None => self.settlement.and_then(|_| self.attempts()),
         };
-        self.settle(attempts, None);
+        self.settle(attempts, None, None);
         if let (Some(cluster), Some(pick), Some(worker)) =
             (self.host_cluster.take(), self.pick.take(), &self.worker)
         {
@@ -1266,6 +1306,47 @@ mod tests {
         r.on_response_headers(false);
         r.on_log();
         written
+    }
+
+    /// A hedged request answered before its per-try timeout was hedged
+    /// early only if the primary's host answered (Envoy's timer fired
+    /// early, the primary was about to answer); answered by the hedge's
+    /// host, the second attempt was a retry after a fast failure.
+    #[test]
+    fn only_the_primary_s_early_answer_counts_as_an_early_hedge() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 10, "budget_percent": 50}"#);
+        for i in 0..60 {
+            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), |_| 20);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let mut early = [0u64; 2];
+        for i in 0..40 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            let endpoint = host
+                .request_header_text(ENDPOINT_HEADER)
+                .unwrap_or_default();
+            let named: Vec<&str> = endpoint.split(',').collect();
+            if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
+                r.on_log(); // explored, or not armed
+                continue;
+            }
+            // well before the ~20 ms per-try timeout, two attempts
+            let primary_answered = i % 2 == 0;
+            host.advance_ms(3);
+            host.respond(RELAYED);
+            host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+            let answered = named[usize::from(!primary_answered)];
+            host.set_property(UPSTREAM_ADDRESS, answered.as_bytes());
+            r.on_response_headers(false);
+            r.on_log();
+            early[usize::from(primary_answered)] += 1;
+        }
+        plugin.on_tick();
+        assert!(early[0] >= 10 && early[1] >= 10, "{early:?}");
+        assert_eq!(stat(&host, "early_hedges_total"), early[1]);
     }
 
     #[test]

@@ -30,6 +30,8 @@
 //!   the host's status (`Simulator::set_status`, `set_flaky`: a share of
 //!   its requests), else 200. `x-sim-later-status: N`: attempts after the
 //!   first answer with status N (a hedge to an overloaded host).
+//!   `x-sim-fail-fast: 1`: a status other than 200 is answered at once,
+//!   not after the delay (a full queue's 503).
 //! - `x-sim-fault: reset`: close the connection after the delay, before any
 //!   response; `reset-mid-body`: headers and a first chunk, then a reset.
 //!
@@ -617,6 +619,11 @@ async fn handle(
     let status = match header_ms(&req, "x-sim-later-status") {
         Some(later) if attempt > 1 => later,
         _ => header_ms(&req, "x-sim-status").unwrap_or(host_status),
+    };
+    // a failure at once (a 503 from a full queue), not after the latency
+    let delay = match status != 200 && header_ms(&req, "x-sim-fail-fast") == Some(1) {
+        true => Duration::ZERO,
+        false => delay,
     };
     let is_head = req.method() == hyper::Method::HEAD;
     let req_body_empty = req

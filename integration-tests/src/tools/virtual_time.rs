@@ -604,6 +604,7 @@ pub fn run(
                     let _ = h.record(elapsed);
                 }
                 if let Some(w) = workers.get_mut(wi) {
+                    let mut primary_answered = None;
                     // as the filter: a latency sample when the plan said so
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
@@ -612,11 +613,14 @@ pub fn run(
                         let answered = address(answered);
                         let named = pick.map(|(p, _)| p);
                         let read = w.check_address(cluster, named, Some(attempts));
+                        let address = read.then_some(answered.as_bytes());
+                        primary_answered =
+                            w.primary_answered(cluster, named, address, Some(attempts));
                         w.on_host_response(
                             cluster,
                             named,
                             HostResponse {
-                                address: read.then_some(answered.as_bytes()),
+                                address,
                                 latency_us: Some(elapsed),
                                 failed: false,
                                 from_upstream: true,
@@ -629,7 +633,13 @@ pub fn run(
                         w.end_pick(cluster, pick);
                     }
                     if let Some(settlement) = settlement {
-                        w.settle(settlement, Some(attempts), Some(elapsed), None);
+                        w.settle(
+                            settlement,
+                            Some(attempts),
+                            Some(elapsed),
+                            None,
+                            primary_answered,
+                        );
                     }
                 }
                 if let Load::Closed { .. } = load {
