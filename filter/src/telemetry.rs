@@ -98,6 +98,11 @@ impl<M: Metric> MetricTable<M> {
         }
     }
 
+    /// Whether the metrics were defined (flushed once).
+    pub fn defined(&self) -> bool {
+        self.ids.is_some()
+    }
+
     /// The delta not yet flushed.
     pub fn pending(&self, metric: M) -> u64 {
         self.deltas.get(metric.index()).copied().unwrap_or(0)

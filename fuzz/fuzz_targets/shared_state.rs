@@ -74,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
             worker.on_response(id, plan.route, 1000 + i);
         }
         if let Some(settlement) = plan.settlement() {
-            worker.settle(settlement, Some(1), None, None);
+            worker.settle(settlement, Some(1), None, None, None);
         }
         worker.sync(1_700_000_000_000 + i * 200, &store, &mut Quiet);
         if worker

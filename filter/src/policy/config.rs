@@ -469,7 +469,7 @@ settings! {
         max_delay: TextDuration = TextDuration(MAX_DELAY_BOUND), max_delay_rule;
         /// Hedges per request (`x-envoy-max-retries`).
         max_hedges: u32 = 1, |n| within(n, 1, 5, " (use \"disabled\": true to turn hedging off)");
-        /// Samples the window must hold (all workers together) before hedging.
+        /// Samples the long horizon must hold (all workers together) before hedging.
         min_samples: u64 = 100, |n| within(n, 1, 1_000_000, "");
         idempotent_methods: Vec<String> =
             vec!["GET".into(), "HEAD".into(), "OPTIONS".into()], methods_rule;

@@ -12,7 +12,7 @@
 //!   trusts clients (`trust_client_headers`), keeps them and is not armed;
 //! - no routed cluster, or a cluster past `max_clusters`: not armed;
 //! - armed only if the cluster is not disabled, the method is one that is
-//!   safe to repeat, the request is not a protocol upgrade, the window holds
+//!   safe to repeat, the request is not a protocol upgrade, the long horizon holds
 //!   `min_samples` samples from all workers, and the budget can pay for a
 //!   hedge even if every armed request in flight hedges (see `budget`);
 //! - every client-sent control header and first-byte marker of a request
@@ -198,7 +198,7 @@ pub enum Skip {
     GrpcMethod,
     /// The request asks to switch protocols (WebSocket).
     Upgrade,
-    /// Fewer than `min_samples` in the window.
+    /// Fewer than `min_samples` in the long horizon.
     WarmingUp,
     /// The client set the control headers itself and `trust_client_headers` is on.
     ClientControlled,

@@ -25,9 +25,17 @@ pub fn should_hold(marked: bool, status: Option<&[u8]>, end_stream: bool) -> boo
     marked && !end_stream && matches!(status, Some([b'2', b'0'..=b'9', b'0'..=b'9']))
 }
 
-/// How long holds may stay outstanding, with none ever released, before the
-/// role says it looks misconfigured.
-pub const STUCK_AFTER_MS: u64 = 5_000;
+/// How long holds may stay outstanding without a break, with none ever
+/// released, before the role says it looks misconfigured: past any first
+/// token a model takes to think (a route with `timeout: 0s`, as advised
+/// for streams, never ends a hung hold).
+pub const STUCK_AFTER_MS: u64 = 30_000;
+
+/// Holds that ended still held, with none ever released, before the role
+/// says it looks misconfigured (a hung hold ends at the route's timeout;
+/// a working one is released, or cancelled as a race's loser beside a
+/// released winner).
+pub const STUCK_ENDED: u32 = 3;
 
 metric_set! {
     /// The upstream role's counters (worker-wide: `adaptive_hedge.<metric>`).
@@ -46,25 +54,31 @@ metric_set! {
 #[derive(Debug, Default)]
 pub struct HoldStats {
     metrics: MetricTable<HoldMetric>,
-    held_ever: bool,
     released_ever: bool,
-    first_hold_ms: Option<u64>,
+    /// Holds not released nor ended yet, and since when (on the ticks)
+    /// there has been one without a break.
+    open: u32,
+    open_since_ms: Option<u64>,
+    ended_held: u32,
     warned: bool,
 }
 
 impl HoldStats {
     pub fn on_hold(&mut self) {
-        self.held_ever = true;
+        self.open = self.open.saturating_add(1);
         self.metrics.add(HoldMetric::Holds, 1);
     }
 
     pub fn on_release(&mut self) {
         self.released_ever = true;
+        self.open = self.open.saturating_sub(1);
         self.metrics.add(HoldMetric::Releases, 1);
     }
 
     /// The attempt ended with its headers still held.
     pub fn on_end_held(&mut self) {
+        self.open = self.open.saturating_sub(1);
+        self.ended_held = self.ended_held.saturating_add(1);
         self.metrics.add(HoldMetric::HeldEnded, 1);
     }
 
@@ -73,24 +87,37 @@ impl HoldStats {
     /// body never reaches the filter and every held attempt hangs until the
     /// route timeout, with no error anywhere. Nothing inside the module can
     /// read that flag, so it watches for the symptom instead: holds and not a
-    /// single release, for longer than any first byte should take.
+    /// single release: `STUCK_ENDED` holds that ended still held (at the
+    /// route's timeout), or a hold outstanding without a break for
+    /// `STUCK_AFTER_MS`. Until 2026-11-28 any hold 5 s after the first one
+    /// with no release yet raised it: a first token slower than 5 s, or one
+    /// cancelled stream and quiet, named a flag that was there.
     pub fn check(&mut self, now_ms: u64, log: &mut dyn Logger) {
-        if !self.held_ever || self.released_ever || self.warned {
+        self.open_since_ms = match self.open {
+            0 => None,
+            _ => Some(self.open_since_ms.unwrap_or(now_ms)),
+        };
+        if self.released_ever || self.warned {
             return;
         }
-        let since = *self.first_hold_ms.get_or_insert(now_ms);
-        if now_ms.saturating_sub(since) >= STUCK_AFTER_MS {
-            self.warned = true;
-            log.log(
-                Level::Error,
-                &format!(
-                    "adaptive-hedge upstream role: response headers have been held for {}s and none was ever released; \
-                     if streamed requests hang, this filter's Wasm config lacks \"allow_on_headers_stop_iteration\": true \
-                     (without it Envoy never passes the body to the filter)",
-                    STUCK_AFTER_MS / 1000
-                ),
-            );
+        let open_ms = self
+            .open_since_ms
+            .map_or(0, |since| now_ms.saturating_sub(since));
+        if self.ended_held < STUCK_ENDED && open_ms < STUCK_AFTER_MS {
+            return;
         }
+        self.warned = true;
+        log.log(
+            Level::Error,
+            &format!(
+                "adaptive-hedge upstream role: response headers were held and none was ever released \
+                 ({} holds ended still held, one outstanding for {}s); if streamed requests hang, this filter's \
+                 Wasm config lacks \"allow_on_headers_stop_iteration\": true (without it Envoy never passes the \
+                 body to the filter); else the upstreams sent no body before these requests ended",
+                self.ended_held,
+                open_ms / 1000
+            ),
+        );
     }
 
     pub fn flush_metrics(&mut self, sink: &mut dyn MetricsSink) {
@@ -129,21 +156,46 @@ mod tests {
         assert!(!should_hold(true, None, false));
     }
 
+    /// Holds that end still held at the route's timeout, none released:
+    /// the third names the flag, once.
     #[test]
-    fn warns_once_when_holds_are_never_released() {
+    fn warns_once_when_holds_end_held_and_none_is_released() {
         let mut stats = HoldStats::default();
         let mut log = Lines::default();
         stats.check(0, &mut log); // nothing held yet: nothing to say
-        stats.on_hold();
-        stats.check(1_000, &mut log);
-        stats.on_end_held(); // the route timeout ends it, still held
-        stats.on_hold();
-        stats.check(1_000 + STUCK_AFTER_MS - 1, &mut log);
-        assert!(log.0.is_empty());
-        stats.check(1_000 + STUCK_AFTER_MS, &mut log);
-        stats.check(2_000 + STUCK_AFTER_MS, &mut log);
+        for i in 0..STUCK_ENDED {
+            stats.on_hold();
+            stats.check(u64::from(i) * 1_000, &mut log);
+            stats.on_end_held(); // the route timeout ends it, still held
+            assert!(log.0.is_empty(), "{i}");
+        }
+        stats.check(10_000, &mut log);
+        stats.check(11_000, &mut log);
         assert_eq!(log.0.len(), 1);
         assert!(log.0[0].contains("allow_on_headers_stop_iteration"));
+    }
+
+    /// A hold outstanding without a break for `STUCK_AFTER_MS` (a route
+    /// with no timeout): named; a slow first token, or one cancelled
+    /// stream and quiet after it, not (they were before, at 5 s).
+    #[test]
+    fn warns_on_a_hold_outstanding_long_not_on_a_slow_first_token() {
+        let mut stats = HoldStats::default();
+        let mut log = Lines::default();
+        stats.on_hold();
+        stats.check(0, &mut log);
+        stats.check(STUCK_AFTER_MS - 1_000, &mut log);
+        stats.on_end_held(); // a client gave up on a slow first token
+        stats.check(STUCK_AFTER_MS, &mut log);
+        stats.check(10 * STUCK_AFTER_MS, &mut log);
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        stats.on_hold();
+        stats.check(11 * STUCK_AFTER_MS, &mut log);
+        stats.on_hold(); // another, while the first still waits
+        stats.check(12 * STUCK_AFTER_MS - 1, &mut log);
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        stats.check(12 * STUCK_AFTER_MS, &mut log);
+        assert_eq!(log.0.len(), 1);
     }
 
     #[test]

@@ -256,6 +256,8 @@ pub struct ClusterState {
     hosts: Hosts,
     hosts_summary: HostsSummary,
     override_check: OverrideCheck,
+    /// Its gauges were set to 0 since it was evicted (`flush_metrics`).
+    gauges_cleared: bool,
     /// This worker's armed requests still running (see `timeouts`).
     armed: ArmedRequests,
     /// What Envoy's outlier detection on the cluster makes of a hedge's
@@ -303,6 +305,7 @@ impl ClusterState {
             hosts: Hosts::default(),
             hosts_summary: HostsSummary::default(),
             override_check: OverrideCheck::default(),
+            gauges_cleared: false,
             armed,
         }
     }
@@ -323,8 +326,9 @@ impl ClusterState {
         self.latency_quantiles_us = [0; 3];
         self.backend_quantiles_us = [0; 3];
         self.shared_bytes = 0;
-        self.routes = Routes::default();
+        self.routes.retire_all();
         self.regime = None;
+        self.gauges_cleared = false;
     }
 
     /// An eligible request, armed or refused for want of tokens, for the
@@ -1045,7 +1049,12 @@ impl Worker {
         attempts: Option<u64>,
     ) -> Option<bool> {
         let pick = pick?;
-        let primary = self.clusters.get(id)?.hosts.get(pick.primary)?;
+        let hosts = &self.clusters.get(id)?.hosts;
+        // Envoy may not have followed the name (a host it no longer has)
+        if hosts.doubted(pick.primary) {
+            return None;
+        }
+        let primary = hosts.get(pick.primary)?;
         match address {
             Some(address) => Some(primary.address.as_bytes() == address),
             None => (attempts == Some(1)).then_some(true),
@@ -1106,7 +1115,9 @@ impl Worker {
     /// early, an error storm set every hedge 50 ms late, for minutes after.
     /// Not knowing, only answers within `EARLY_TIMER_REACH_US` of the
     /// timeout count: an early timer's hedge races a primary about to
-    /// answer, while a retry's answer is a whole fresh attempt later.
+    /// answer, while a retry's answer is a whole fresh attempt later. A
+    /// third attempt before the timeout is a retry too: past the hosts
+    /// named, the balancer may pick the primary's host again.
     pub fn settle(
         &mut self,
         settlement: Settlement,
@@ -1148,21 +1159,36 @@ impl Worker {
         }
         state.sent_unsynced += extra;
         if let Some(latency_us) = latency_us {
-            let per_try_us = settlement.per_try_timeout_ms.saturating_mul(1000);
-            let early = sent > 0
-                && latency_us < per_try_us
-                && primary_answered
-                    .unwrap_or(latency_us.saturating_add(EARLY_TIMER_REACH_US) >= per_try_us);
-            state.timer.observe(sent > 0, early);
-            if early {
-                state.metrics.add(ClusterMetric::EarlyHedges, 1);
-            }
+            judge_timer(state, &settlement, sent, latency_us, primary_answered);
         }
         state.metrics.add(ClusterMetric::HedgesSent, extra);
         state.metrics.add(
             ClusterMetric::HedgesRefunded,
             u64::from(reserved.saturating_sub(sent)),
         );
+    }
+
+    /// First-byte mode: an armed request settled at its response headers
+    /// (`settle`, with no time) had its first byte after `latency_us`, and
+    /// `primary_answered` (see `settle`): the early-timer verdict's share.
+    pub fn judge_first_byte(
+        &mut self,
+        settlement: Settlement,
+        attempts: Option<u64>,
+        latency_us: u64,
+        primary_answered: Option<bool>,
+    ) {
+        let Some(state) = self.clusters.get_mut(settlement.cluster) else {
+            return;
+        };
+        if settlement.shadow {
+            return;
+        }
+        let sent = match attempts {
+            Some(a) => u32::try_from(a.saturating_sub(1)).unwrap_or(u32::MAX),
+            None => settlement.hedges,
+        };
+        judge_timer(state, &settlement, sent, latency_us, primary_answered);
     }
 
     /// The tick: register new clusters, merge into shared memory, refresh delays.
@@ -1894,11 +1920,22 @@ impl Worker {
         self.metrics.flush(sink, None, |_| {
             (shared_bytes > 0).then_some(shared_bytes as u64)
         });
-        for state in self
-            .clusters
-            .iter_mut()
-            .filter(|c| c.tracking == Tracking::Tracked)
-        {
+        for state in self.clusters.iter_mut() {
+            if state.tracking != Tracking::Tracked {
+                // Evicted (it was flushed before): its counters' last
+                // deltas, and its gauges set to 0 once. Before, they kept
+                // their last values for the VM's life: a gone cluster's
+                // `hedge_delay_clamped` kept its alert firing. A cluster
+                // never tracked has no metrics of its own.
+                if state.metrics.defined() {
+                    let clear = !std::mem::replace(&mut state.gauges_cleared, true);
+                    state
+                        .metrics
+                        .flush(sink, Some(&state.name), |_| clear.then_some(0));
+                    state.routes.flush_metrics(sink, &state.name);
+                }
+                continue;
+            }
             let (delay, samples) = (
                 state.hedge_delay.map_or(0, |d| d.delay_us),
                 state.window_samples,
@@ -1913,7 +1950,11 @@ impl Worker {
                 }
             });
             let (hosts, ignored) = (state.hosts_summary, state.override_check.ignored());
-            let shadow_p99 = state.shadow_p99_microseconds.map(|us| us.round() as u64);
+            // 0 out of shadow mode: the gauge outlives a reload from shadow
+            // to hedge (the rollout the docs advise)
+            let shadow_p99 = state
+                .shadow_p99_microseconds
+                .map_or(0, |us| us.round() as u64);
             let [p50, p90, p99] = state.latency_quantiles_us;
             let [b50, b90, b99] = state.backend_quantiles_us;
             state.metrics.flush(sink, Some(&state.name), |m| match m {
@@ -1927,7 +1968,7 @@ impl Worker {
                     Some((hosts.slowest_share * 1000.0).round() as u64)
                 }
                 ClusterMetric::HostChoiceIgnored => Some(u64::from(ignored)),
-                ClusterMetric::ShadowP99Us => shadow_p99,
+                ClusterMetric::ShadowP99Us => Some(shadow_p99),
                 ClusterMetric::LatencyP50Us => Some(p50),
                 ClusterMetric::LatencyP90Us => Some(p90),
                 ClusterMetric::LatencyP99Us => Some(p99),
@@ -1938,6 +1979,33 @@ impl Worker {
             });
             state.routes.flush_metrics(sink, &state.name);
         }
+    }
+}
+
+/// The early-timer verdict's share of an armed request's end (see
+/// `Worker::settle`): `sent` extra attempts, answered after `latency_us`.
+fn judge_timer(
+    state: &mut ClusterState,
+    settlement: &Settlement,
+    sent: u32,
+    latency_us: u64,
+    primary_answered: Option<bool>,
+) {
+    let per_try_us = settlement.per_try_timeout_ms.saturating_mul(1000);
+    let before_timeout = sent > 0 && latency_us < per_try_us;
+    // A retry after a fast failure: another host answered, or (not
+    // known who) the answer came a fresh attempt before the
+    // timeout, or a third attempt did (the timers start at most one
+    // before it). Neither early nor the timer's hedge: counted as
+    // hedges, a storm's retries alone passed the verdict's plan.
+    let retried = before_timeout
+        && (sent >= 2
+            || !primary_answered
+                .unwrap_or(latency_us.saturating_add(EARLY_TIMER_REACH_US) >= per_try_us));
+    let early = before_timeout && !retried;
+    state.timer.observe(sent > 0 && !retried, early);
+    if early {
+        state.metrics.add(ClusterMetric::EarlyHedges, 1);
     }
 }
 
@@ -2797,6 +2865,54 @@ mod tests {
         assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(2));
     }
 
+    /// An evicted cluster's gauges go to 0, once: before, a gone cluster
+    /// kept its last delay and `hedge_delay_clamped` for the VM's life, an
+    /// alert firing on it.
+    /// Out of shadow mode the shadow p99 is 0.
+    #[test]
+    fn an_evicted_cluster_s_gauges_go_to_zero() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 2, "min_samples": 1, "min_delay": "50ms"}"#);
+        let mut a = Worker::new(cfg);
+        let mut log = Lines::default();
+        traffic(&mut a, "one", 5, 1000);
+        traffic(&mut a, "two", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        traffic(&mut a, "one", 5, 1000);
+        traffic(&mut a, "two", 5, 1000);
+        a.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        a.flush_metrics(&mut stats);
+        for name in ["one", "two"] {
+            let gauge = |m: &str| stats.get(&format!("adaptive_hedge.{m}.{name}"));
+            assert_eq!(gauge("hedge_delay_microseconds"), Some(50_000));
+            assert_eq!(gauge("hedge_delay_clamped"), Some(1));
+            assert_eq!(gauge("shadow_p99_microseconds"), Some(0));
+        }
+        // a window later three asks for a slot: an idle one goes
+        decision(&mut a, b"three", b"GET");
+        a.sync(T0 + 31_000, &store, &mut log);
+        let gone = ["one", "two"]
+            .into_iter()
+            .find(|name| {
+                let (value, _) = store.get(&cluster_key(G30, name)).unwrap().unwrap();
+                value == SharedCluster::evicted()
+            })
+            .unwrap();
+        a.sync(T0 + 31_200, &store, &mut log);
+        a.flush_metrics(&mut stats);
+        let gauge = |stats: &Stats, m: &str| stats.get(&format!("adaptive_hedge.{m}.{gone}"));
+        assert_eq!(gauge(&stats, "hedge_delay_microseconds"), Some(0));
+        assert_eq!(gauge(&stats, "hedge_delay_clamped"), Some(0));
+        assert_eq!(gauge(&stats, "window_samples"), Some(0));
+        // once: what sets the gauge later is not the filter
+        let clamped = format!("adaptive_hedge.hedge_delay_clamped.{gone}");
+        let id = stats.names.iter().position(|n| *n == clamped).unwrap();
+        stats.values.insert(id as u32, 7);
+        a.flush_metrics(&mut stats);
+        assert_eq!(gauge(&stats, "hedge_delay_clamped"), Some(7));
+    }
+
     /// An eviction seen half-way by another worker: the name is still in
     /// the registry beside a marker. That worker does not revive it (only
     /// the one that puts the name back may), and a marker left in the
@@ -3321,9 +3437,9 @@ mod tests {
             now += 200;
             w.sync(now, &store, &mut Lines::default());
         };
-        // the retry's host answered, 12 ms in
+        // the retry's host answered, 12 ms in, and 1 ms before the timeout
         round(&mut w, 12_000, Some(false));
-        round(&mut w, 12_000, Some(false));
+        round(&mut w, (base - 1) * 1000, Some(false));
         assert_eq!(per_try(&w), base);
         // not known who answered, 12 ms in: a retry, not an early timer
         round(&mut w, 12_000, None);

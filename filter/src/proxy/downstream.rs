@@ -103,6 +103,11 @@ pub struct DownstreamRequest<H: Host> {
     /// The response's origin, once read (on the response headers: the
     /// body callbacks of first-byte mode use it).
     origin: Option<Origin>,
+    /// First-byte mode: the attempt count read at the response headers,
+    /// and the armed request settled there whose early-timer verdict
+    /// waits for the first byte's time.
+    attempts_at_headers: Option<u64>,
+    first_byte_verdict: Option<Settlement>,
 }
 
 impl<H: Host> DownstreamRequest<H> {
@@ -150,6 +155,8 @@ impl<H: Host> DownstreamRequest<H> {
             shadow_started_ns: None,
             unconfirmed_cluster: None,
             origin: None,
+            attempts_at_headers: None,
+            first_byte_verdict: None,
         }
     }
 
@@ -414,6 +421,31 @@ impl<H: Host> DownstreamRequest<H> {
         address
     }
 
+    /// First-byte mode: the first body byte (or the end) came; once.
+    fn on_first_byte(&mut self) {
+        let timed = self.sample.is_some();
+        let latency_us = self.record_sample();
+        let attempts = self.attempts_at_headers;
+        let answer = self.read_answer(timed, attempts);
+        let primary_answered = answer.as_ref().and_then(|a| a.primary_answered);
+        if self.shadow_started_ns.is_some() {
+            // would-be hedges of a stream: did its first byte outlive the
+            // delay (its headers came at once)
+            let would_be = self.shadow_attempts();
+            self.settle(would_be, latency_us, None);
+        }
+        if let (Some(settlement), Some(latency_us), Some(worker)) =
+            (self.first_byte_verdict.take(), latency_us, &self.worker)
+        {
+            if let Ok(mut worker) = worker.try_borrow_mut() {
+                worker.judge_first_byte(settlement, attempts, latency_us, primary_answered);
+            }
+        }
+        if let Some(answer) = answer {
+            let _ = self.report_answer(answer, latency_us, attempts);
+        }
+    }
+
     /// Where the response came from, read once: the response headers in
     /// one call (the status, and the router's mark on a relayed response);
     /// `response.code_details` only when the mark is missing (a local
@@ -535,19 +567,26 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             .flatten();
         // The router has committed to an attempt: no more hedges will start,
         // and what was not sent goes back to the budget now, not when a long
-        // (or streamed) response ends.
-        let settled_attempts = match self.shadow_started_ns {
-            Some(_) => self.shadow_attempts(),
-            None => attempts,
+        // (or streamed) response ends. In first-byte mode the host, the
+        // early-timer verdict and a shadow's would-be hedges are judged on
+        // the first byte.
+        let host = if on_headers {
+            let settled_attempts = match self.shadow_started_ns {
+                Some(_) => self.shadow_attempts(),
+                None => attempts,
+            };
+            let answer = self.read_answer(timed, attempts);
+            let primary_answered = answer.as_ref().and_then(|a| a.primary_answered);
+            self.settle(settled_attempts, latency_us, primary_answered);
+            answer.and_then(|a| self.report_answer(a, latency_us, attempts))
+        } else {
+            self.attempts_at_headers = attempts;
+            if self.shadow_started_ns.is_none() {
+                self.first_byte_verdict = self.settlement.filter(|_| timed);
+                self.settle(attempts, None, None);
+            }
+            None
         };
-        // In first-byte mode the host is judged on the first byte.
-        let answer = match on_headers {
-            true => self.read_answer(timed, attempts),
-            false => None,
-        };
-        let primary_answered = answer.as_ref().and_then(|a| a.primary_answered);
-        self.settle(settled_attempts, latency_us, primary_answered);
-        let host = answer.and_then(|a| self.report_answer(a, latency_us, attempts));
         if let Some(decision) = &self.decision {
             let mut text = decision.describe();
             if let Some(endpoint) = &self.endpoint {
@@ -573,16 +612,17 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
 
     fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.signal == LatencySignal::FirstByte && (body_size > 0 || end_of_stream) {
-            let timed = self.sample.is_some();
-            let latency_us = self.record_sample();
-            if self.host_cluster.is_some() {
-                let attempts = (timed || self.attributes())
-                    .then(|| self.attempts())
-                    .flatten();
-                if let Some(answer) = self.read_answer(timed, attempts) {
-                    let _ = self.report_answer(answer, latency_us, attempts);
-                }
-            }
+            self.on_first_byte();
+        }
+        Action::Continue
+    }
+
+    /// Trailers with no body before them (a gRPC error after its headers)
+    /// end the wait for a first byte too: the upstream role releases the
+    /// race on them.
+    fn on_response_trailers(&mut self) -> Action {
+        if self.signal == LatencySignal::FirstByte {
+            self.on_first_byte();
         }
         Action::Continue
     }
@@ -1251,6 +1291,98 @@ mod tests {
         );
     }
 
+    /// A plugin in first-byte mode whose `backend` has learned a ~20 ms
+    /// delay to the first byte (`extra` configuration fields first).
+    fn first_byte_warmed(extra: &str) -> (FakeHost, Plugin<FakeHost>) {
+        let (host, mut plugin) = plugin(&format!(
+            r#"{{{extra}"min_samples": 10, "budget_percent": 50, "latency_signal": "first_byte", "host_choice": false}}"#
+        ));
+        confirm_backend(&host, &plugin);
+        for _ in 0..60 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            r.on_response_headers(false);
+            host.advance_ms(20);
+            r.on_response_body(5, false);
+            r.on_log();
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        (host, plugin)
+    }
+
+    /// One streamed request: headers after `headers_ms`, the first byte
+    /// (or trailers with no body) `first_byte_ms` later, `attempts`.
+    fn stream(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        headers_ms: u64,
+        first_byte_ms: u64,
+        attempts: i64,
+        trailers_only: bool,
+    ) {
+        host.request(Some("backend"), GET);
+        let mut r = request(plugin);
+        r.on_request_headers();
+        host.advance_ms(headers_ms);
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        host.set_property(ATTEMPT_COUNT, &attempts.to_le_bytes());
+        r.on_response_headers(false);
+        host.advance_ms(first_byte_ms);
+        match trailers_only {
+            true => r.on_response_trailers(),
+            false => r.on_response_body(5, false),
+        };
+        r.on_log();
+    }
+
+    /// First-byte mode: a hedge sent although the first byte came before
+    /// the per-try timeout was sent early (the verdict waits for the first
+    /// byte; before, first-byte mode was never judged); a first byte past
+    /// it, not.
+    #[test]
+    fn first_byte_mode_judges_early_hedges_on_the_first_byte() {
+        let (host, mut plugin) = first_byte_warmed("");
+        for _ in 0..10 {
+            stream(&host, &plugin, 0, 19, 2, false); // early (within 5 ms)
+            stream(&host, &plugin, 0, 40, 2, false); // after the delay
+        }
+        plugin.on_tick();
+        assert_eq!(stat(&host, "early_hedges_total"), 10);
+        assert_eq!(stat(&host, "hedges_sent_total"), 20);
+    }
+
+    /// Shadow mode with first-byte timing: streams send headers at once,
+    /// so the would-be hedges are judged on the first byte (before, on the
+    /// headers: a shadow predicted no hedges for streams).
+    #[test]
+    fn a_shadow_of_streams_counts_would_be_hedges_on_the_first_byte() {
+        let (host, mut plugin) = first_byte_warmed(r#""mode": "shadow", "#);
+        for _ in 0..5 {
+            stream(&host, &plugin, 0, 60, 1, false);
+            stream(&host, &plugin, 0, 5, 1, false);
+        }
+        plugin.on_tick();
+        assert_eq!(stat(&host, "shadow_armed_total"), 10);
+        assert_eq!(stat(&host, "shadow_hedges_total"), 5);
+    }
+
+    /// Trailers with no body before them end the wait for the first byte:
+    /// a latency sample (before, none: only body chunks were looked at).
+    #[test]
+    fn trailers_without_a_body_are_a_first_byte() {
+        let (host, mut plugin) = first_byte_warmed("");
+        let before = stat(&host, "window_samples");
+        for _ in 0..5 {
+            stream(&host, &plugin, 0, 20, 1, true);
+        }
+        plugin.on_tick();
+        assert_eq!(stat(&host, "window_samples"), before + 5);
+    }
+
     #[test]
     fn a_busy_worker_leaves_the_request_alone_but_strips_the_client() {
         for (config, kept) in [
@@ -1333,9 +1465,10 @@ mod tests {
                 r.on_log(); // explored, or not armed
                 continue;
             }
-            // well before the ~20 ms per-try timeout, two attempts
+            // before the ~20 ms per-try timeout (within 5 ms of it, where
+            // an answer from an unknown host would count), two attempts
             let primary_answered = i % 2 == 0;
-            host.advance_ms(3);
+            host.advance_ms(18);
             host.respond(RELAYED);
             host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
             let answered = named[usize::from(!primary_answered)];

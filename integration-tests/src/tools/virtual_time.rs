@@ -604,18 +604,41 @@ pub fn run(
                     let _ = h.record(elapsed);
                 }
                 if let Some(w) = workers.get_mut(wi) {
-                    let mut primary_answered = None;
-                    // as the filter: a latency sample when the plan said so
+                    // as the filter (`DownstreamRequest::on_response_headers`):
+                    // the sample, the pick ended and the answer read, the
+                    // hedges settled, then the host told
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
-                        // as the filter: the host that answered a timed request
-                        // (read, or trusted to be the named one)
-                        let answered = address(answered);
-                        let named = pick.map(|(p, _)| p);
+                    }
+                    if let Some((pick, cluster)) = pick {
+                        w.end_pick(cluster, pick);
+                    }
+                    let answered = address(answered);
+                    let named = pick.map(|(p, _)| p);
+                    // the host that answered a timed request (read, or
+                    // trusted to be the named one)
+                    let answer = sample.map(|(cluster, _)| {
                         let read = w.check_address(cluster, named, Some(attempts));
                         let address = read.then_some(answered.as_bytes());
-                        primary_answered =
-                            w.primary_answered(cluster, named, address, Some(attempts));
+                        let primary = w.primary_answered(cluster, named, address, Some(attempts));
+                        (cluster, address, primary)
+                    });
+                    if let Some(settlement) = settlement {
+                        // the time of a timed request; the clock, for an
+                        // untimed one hedged or retried
+                        let timed = sample.map(|_| elapsed);
+                        let ended_ns =
+                            (timed.is_none() && attempts >= 2).then_some((t0_ms * 1000 + t) * 1000);
+                        let primary_answered = answer.and_then(|(_, _, primary)| primary);
+                        w.settle(
+                            settlement,
+                            Some(attempts),
+                            timed,
+                            ended_ns,
+                            primary_answered,
+                        );
+                    }
+                    if let Some((cluster, address, _)) = answer {
                         w.on_host_response(
                             cluster,
                             named,
@@ -627,18 +650,6 @@ pub fn run(
                                 attempts: Some(attempts),
                                 per_try_timeout_ms,
                             },
-                        );
-                    }
-                    if let Some((pick, cluster)) = pick {
-                        w.end_pick(cluster, pick);
-                    }
-                    if let Some(settlement) = settlement {
-                        w.settle(
-                            settlement,
-                            Some(attempts),
-                            Some(elapsed),
-                            None,
-                            primary_answered,
                         );
                     }
                 }

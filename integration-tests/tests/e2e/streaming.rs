@@ -538,8 +538,9 @@ fn config_check_passes_shipped_configs_and_refuses_silent_mistakes() {
 
 /// The trap the config check exists for, at run time: without
 /// `allow_on_headers_stop_iteration` an armed stream hangs until the route
-/// timeout (a 504 here, at 3 s), and the upstream role says why in Envoy's
-/// log. Requests that are not armed (warm-up) are untouched.
+/// timeout (a 504 here, at 3 s), and once holds have ended so, none ever
+/// released, the upstream role says why in Envoy's log. Requests that are
+/// not armed (warm-up) are untouched.
 #[test]
 fn without_allow_on_headers_stop_iteration_the_hang_is_named_in_the_log() {
     let sim = streaming_sim();
@@ -558,13 +559,17 @@ fn without_allow_on_headers_stop_iteration_the_hang_is_named_in_the_log() {
         let warm =
             load::closed_loop(&client, &envoy.url("/"), 4, 60, Duration::from_secs(10)).await;
         assert!(warm.ok() >= 50, "{}", warm.summary());
-        let reply = until_armed(&envoy, || async {
-            request(&client, "GET", &envoy.url("/v1/completions"), &[])
-                .await
-                .unwrap()
-        })
-        .await;
-        assert_eq!(reply.status, 504, "held until the route timeout: {reply:?}");
+        // two armed requests: each one's primary and hedge held until the
+        // route timeout, the role's evidence (three holds ended held)
+        for _ in 0..2 {
+            let reply = until_armed(&envoy, || async {
+                request(&client, "GET", &envoy.url("/v1/completions"), &[])
+                    .await
+                    .unwrap()
+            })
+            .await;
+            assert_eq!(reply.status, 504, "held until the route timeout: {reply:?}");
+        }
     });
     let log = envoy.wait_for_log("allow_on_headers_stop_iteration");
     assert!(log.contains("none was ever released"));
