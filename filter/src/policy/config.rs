@@ -809,6 +809,11 @@ impl Config {
             serde_path_to_error::deserialize(overrides).map_err(|e| path_error(e, prefix))?;
         let mut policy = raw.merge_over(base, prefix)?;
         policy.check(prefix, &raw, warnings)?;
+        if raw.max_routes.is_some_and(|n| n > 0) {
+            warnings.push(format!(
+                "{prefix}max_routes: ignored; a route with its own overrides learns its own delay already"
+            ));
+        }
         policy.max_routes = 0;
         Ok(policy)
     }
@@ -1159,6 +1164,28 @@ mod tests {
 
     /// The README's configuration table has one row per setting, each with
     /// the default the code uses.
+    /// A route's own `max_routes` does nothing (a route with overrides is
+    /// hedged as its own cluster): said, not silently dropped.
+    #[test]
+    fn a_route_s_max_routes_is_ignored_with_a_warning() {
+        let base = Config::parse(b"{}").unwrap().policy_for("backend");
+        let prefix = "filter_metadata.adaptive_hedge.";
+        let mut warnings = Vec::new();
+        let json = serde_json::json!({"max_routes": 4, "percentile": 0.95});
+        let policy = Config::route_policy(&base, json, prefix, &mut warnings).unwrap();
+        assert_eq!(policy.max_routes, 0);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(prefix) && w.contains("max_routes")),
+            "{warnings:?}"
+        );
+        let mut quiet = Vec::new();
+        let json = serde_json::json!({"percentile": 0.95});
+        Config::route_policy(&base, json, prefix, &mut quiet).unwrap();
+        assert!(quiet.is_empty(), "{quiet:?}");
+    }
+
     #[test]
     fn readme_lists_every_setting_with_its_default() {
         let readme = std::fs::read_to_string(

@@ -31,11 +31,16 @@ pub fn should_hold(marked: bool, status: Option<&[u8]>, end_stream: bool) -> boo
 /// for streams, never ends a hung hold).
 pub const STUCK_AFTER_MS: u64 = 30_000;
 
-/// Holds that ended still held, with none ever released, before the role
-/// says it looks misconfigured (a hung hold ends at the route's timeout;
-/// a working one is released, or cancelled as a race's loser beside a
-/// released winner).
+/// Holds that ended still held after `LONG_HOLD_MS` or more, with none
+/// ever released, before the role says it looks misconfigured (a hung hold
+/// ends at the route's timeout; a working one is released, or cancelled as
+/// a race's loser beside a released winner, or by a client that gave up).
 pub const STUCK_ENDED: u32 = 3;
+
+/// A hold that ended still held counts toward `STUCK_ENDED` once it lasted
+/// this long (on the ticks' clock: at least a second): a race's loser cut
+/// beside an unheld winner (a 503, a 404) ends at once.
+pub const LONG_HOLD_MS: u64 = 2_000;
 
 metric_set! {
     /// The upstream role's counters (worker-wide: `adaptive_hedge.<metric>`).
@@ -61,12 +66,17 @@ pub struct HoldStats {
     open_since_ms: Option<u64>,
     ended_held: u32,
     warned: bool,
+    /// The last tick's time: what a hold is stamped with.
+    now_ms: u64,
 }
 
 impl HoldStats {
-    pub fn on_hold(&mut self) {
+    /// A hold began: returns its stamp (the last tick's time), for
+    /// `on_end_held`.
+    pub fn on_hold(&mut self) -> u64 {
         self.open = self.open.saturating_add(1);
         self.metrics.add(HoldMetric::Holds, 1);
+        self.now_ms
     }
 
     pub fn on_release(&mut self) {
@@ -75,10 +85,13 @@ impl HoldStats {
         self.metrics.add(HoldMetric::Releases, 1);
     }
 
-    /// The attempt ended with its headers still held.
-    pub fn on_end_held(&mut self) {
+    /// The attempt ended with its headers still held, held since `since_ms`
+    /// (the stamp `on_hold` gave).
+    pub fn on_end_held(&mut self, since_ms: u64) {
         self.open = self.open.saturating_sub(1);
-        self.ended_held = self.ended_held.saturating_add(1);
+        if self.now_ms.saturating_sub(since_ms) >= LONG_HOLD_MS {
+            self.ended_held = self.ended_held.saturating_add(1);
+        }
         self.metrics.add(HoldMetric::HeldEnded, 1);
     }
 
@@ -93,6 +106,7 @@ impl HoldStats {
     /// with no release yet raised it: a first token slower than 5 s, or one
     /// cancelled stream and quiet, named a flag that was there.
     pub fn check(&mut self, now_ms: u64, log: &mut dyn Logger) {
+        self.now_ms = self.now_ms.max(now_ms);
         self.open_since_ms = match self.open {
             0 => None,
             _ => Some(self.open_since_ms.unwrap_or(now_ms)),
@@ -107,15 +121,17 @@ impl HoldStats {
             return;
         }
         self.warned = true;
+        let seen = match open_ms >= STUCK_AFTER_MS {
+            true => format!("one has been held for {}s", open_ms / 1000),
+            false => format!("{} ended still held, seconds later", self.ended_held),
+        };
         log.log(
             Level::Error,
             &format!(
-                "adaptive-hedge upstream role: response headers were held and none was ever released \
-                 ({} holds ended still held, one outstanding for {}s); if streamed requests hang, this filter's \
-                 Wasm config lacks \"allow_on_headers_stop_iteration\": true (without it Envoy never passes the \
-                 body to the filter); else the upstreams sent no body before these requests ended",
-                self.ended_held,
-                open_ms / 1000
+                "adaptive-hedge upstream role: response headers were held and none was ever released ({seen}); \
+                 if streamed requests hang, this filter's Wasm config lacks \"allow_on_headers_stop_iteration\": true \
+                 (without it Envoy never passes the body to the filter); else the upstreams sent no body before \
+                 these requests ended"
             ),
         );
     }
@@ -163,16 +179,26 @@ mod tests {
         let mut stats = HoldStats::default();
         let mut log = Lines::default();
         stats.check(0, &mut log); // nothing held yet: nothing to say
-        for i in 0..STUCK_ENDED {
-            stats.on_hold();
-            stats.check(u64::from(i) * 1_000, &mut log);
-            stats.on_end_held(); // the route timeout ends it, still held
-            assert!(log.0.is_empty(), "{i}");
+                                  // a race's loser cut at once beside an unheld winner, again and
+                                  // again: no evidence
+        for i in 0..10 {
+            let since = stats.on_hold();
+            stats.on_end_held(since);
+            stats.check(i * 1_000, &mut log);
         }
-        stats.check(10_000, &mut log);
-        stats.check(11_000, &mut log);
+        assert!(log.0.is_empty(), "{:?}", log.0);
+        for i in 0..u64::from(STUCK_ENDED) {
+            let since = stats.on_hold();
+            stats.check(10_000 + i * 3_000 + 1_000, &mut log);
+            stats.check(10_000 + i * 3_000 + 2_000, &mut log);
+            assert!(log.0.is_empty(), "{i}");
+            stats.on_end_held(since); // the route timeout ends it, still held
+            stats.check(10_000 + i * 3_000 + 3_000, &mut log);
+        }
+        stats.check(30_000, &mut log);
         assert_eq!(log.0.len(), 1);
         assert!(log.0[0].contains("allow_on_headers_stop_iteration"));
+        assert!(log.0[0].contains("3 ended still held"), "{}", log.0[0]);
     }
 
     /// A hold outstanding without a break for `STUCK_AFTER_MS` (a route
@@ -185,7 +211,7 @@ mod tests {
         stats.on_hold();
         stats.check(0, &mut log);
         stats.check(STUCK_AFTER_MS - 1_000, &mut log);
-        stats.on_end_held(); // a client gave up on a slow first token
+        stats.on_end_held(0); // a client gave up on a slow first token
         stats.check(STUCK_AFTER_MS, &mut log);
         stats.check(10 * STUCK_AFTER_MS, &mut log);
         assert!(log.0.is_empty(), "{:?}", log.0);
@@ -217,7 +243,7 @@ mod tests {
         stats.on_hold();
         stats.on_hold();
         stats.on_release();
-        stats.on_end_held();
+        stats.on_end_held(0);
         stats.flush_metrics(&mut sink);
         stats.on_hold();
         stats.flush_metrics(&mut sink);

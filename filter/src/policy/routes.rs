@@ -250,9 +250,7 @@ impl Routes {
     /// Gives every route up (its cluster's shared value went): their
     /// gauges are set to 0 at the next flush, the table starts empty.
     pub fn retire_all(&mut self) {
-        let now_ms = self.now_ms;
         self.retired.append(&mut self.routes);
-        self.now_ms = now_ms;
     }
 
     /// Sets each route's gauge (on the tick).

@@ -1050,14 +1050,14 @@ impl Worker {
     ) -> Option<bool> {
         let pick = pick?;
         let hosts = &self.clusters.get(id)?.hosts;
-        // Envoy may not have followed the name (a host it no longer has)
-        if hosts.doubted(pick.primary) {
-            return None;
-        }
         let primary = hosts.get(pick.primary)?;
+        // Envoy may not have followed the name of a doubted host (one it
+        // no longer has): only its own answer tells
+        let doubted = hosts.doubted(pick.primary);
         match address {
-            Some(address) => Some(primary.address.as_bytes() == address),
-            None => (attempts == Some(1)).then_some(true),
+            Some(address) if primary.address.as_bytes() == address => Some(true),
+            Some(_) => (!doubted).then_some(false),
+            None => (attempts == Some(1) && !doubted).then_some(true),
         }
     }
 

@@ -421,6 +421,24 @@ impl<H: Host> DownstreamRequest<H> {
         address
     }
 
+    /// The decision, the hosts named, the one that answered and (for the
+    /// access log) the attempts: the debug header's and filter state's text.
+    fn attribution(&self, answered: Option<&[u8]>, attempts: Option<u64>) -> Option<String> {
+        let mut text = self.decision.as_ref()?.describe();
+        if let Some(endpoint) = &self.endpoint {
+            text.push_str("; hosts=");
+            text.push_str(endpoint);
+        }
+        if let Some(host) = answered.and_then(|h| std::str::from_utf8(h).ok()) {
+            text.push_str("; answered=");
+            text.push_str(host);
+        }
+        if let Some(attempts) = attempts.filter(|_| self.log_attribution) {
+            text.push_str(&format!("; attempts={attempts}"));
+        }
+        Some(text)
+    }
+
     /// First-byte mode: the first body byte (or the end) came; once.
     fn on_first_byte(&mut self) {
         let timed = self.sample.is_some();
@@ -441,8 +459,13 @@ impl<H: Host> DownstreamRequest<H> {
                 worker.judge_first_byte(settlement, attempts, latency_us, primary_answered);
             }
         }
-        if let Some(answer) = answer {
-            let _ = self.report_answer(answer, latency_us, attempts);
+        let answered = answer.and_then(|a| self.report_answer(a, latency_us, attempts));
+        // the access log's attribution learns the host that answered now
+        // (the debug header left with the response headers)
+        if let (Some(host), true) = (answered, self.log_attribution) {
+            if let Some(text) = self.attribution(Some(&host), attempts) {
+                let _ = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+            }
         }
     }
 
@@ -587,19 +610,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             }
             None
         };
-        if let Some(decision) = &self.decision {
-            let mut text = decision.describe();
-            if let Some(endpoint) = &self.endpoint {
-                text.push_str("; hosts=");
-                text.push_str(endpoint);
-            }
-            if let Some(host) = host.as_deref().and_then(|h| std::str::from_utf8(h).ok()) {
-                text.push_str("; answered=");
-                text.push_str(host);
-            }
-            if let Some(attempts) = attempts.filter(|_| self.log_attribution) {
-                text.push_str(&format!("; attempts={attempts}"));
-            }
+        if let Some(text) = self.attribution(host.as_deref(), attempts) {
             if self.debug_header {
                 let _ = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
             }
@@ -1786,5 +1797,62 @@ mod tests {
             None,
             "no debug header asked for"
         );
+    }
+
+    /// First-byte mode judges the host on the first byte, after the
+    /// response headers wrote the attribution: the access log's copy is
+    /// written again then, with the host that answered (it had none).
+    #[test]
+    fn in_first_byte_mode_the_access_log_learns_who_answered() {
+        let (host, mut plugin) = plugin(
+            r#"{"min_samples": 10, "log_attribution": true, "latency_signal": "first_byte"}"#,
+        );
+        let mut round_robin = 0;
+        let mut stream = |host: &FakeHost, plugin: &Plugin<FakeHost>| {
+            host.request(Some("backend"), GET);
+            let mut r = request(plugin);
+            r.on_request_headers();
+            let endpoint = host.request_header_text(ENDPOINT_HEADER);
+            round_robin += 1;
+            let fallback = format!("10.0.0.{}:80", round_robin % 3);
+            let answered = endpoint
+                .as_deref()
+                .and_then(|e| e.split(',').next())
+                .unwrap_or(&fallback)
+                .to_string();
+            host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            host.set_property(UPSTREAM_ADDRESS, answered.as_bytes());
+            r.on_response_headers(false);
+            host.advance_ms(2);
+            r.on_response_body(5, false);
+            r.on_log();
+            (endpoint, answered)
+        };
+        for _ in 0..60 {
+            stream(&host, &plugin);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let mut chosen = 0;
+        for _ in 0..20 {
+            let (Some(endpoint), answered) = stream(&host, &plugin) else {
+                continue;
+            };
+            chosen += 1;
+            let logged = host
+                .state()
+                .filter_state
+                .get(FILTER_STATE)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            assert!(
+                logged.ends_with(&format!(
+                    "; hosts={endpoint}; answered={answered}; attempts=1"
+                )),
+                "{logged}"
+            );
+        }
+        assert!(chosen >= 15);
     }
 }

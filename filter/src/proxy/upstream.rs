@@ -16,7 +16,8 @@ pub struct UpstreamAttempt<H: Host> {
     placement: Rc<Placement>,
     /// The downstream role armed this request and asked for a first-byte race.
     marked: bool,
-    held: bool,
+    /// Its headers are held, since this stamp (`HoldStats::on_hold`).
+    held: Option<u64>,
 }
 
 impl<H: Host> UpstreamAttempt<H> {
@@ -26,19 +27,15 @@ impl<H: Host> UpstreamAttempt<H> {
             stats,
             placement,
             marked: false,
-            held: false,
-        }
-    }
-
-    fn count(&self, event: fn(&mut HoldStats)) {
-        if let Ok(mut stats) = self.stats.try_borrow_mut() {
-            event(&mut stats);
+            held: None,
         }
     }
 
     fn release(&mut self) {
-        if std::mem::take(&mut self.held) {
-            self.count(HoldStats::on_release);
+        if self.held.take().is_some() {
+            if let Ok(mut stats) = self.stats.try_borrow_mut() {
+                stats.on_release();
+            }
         }
     }
 }
@@ -63,14 +60,17 @@ impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
         if !should_hold(self.marked, status.as_deref(), end_of_stream) {
             return Action::Continue;
         }
-        self.held = true;
-        self.count(HoldStats::on_hold);
+        let since = match self.stats.try_borrow_mut() {
+            Ok(mut stats) => stats.on_hold(),
+            Err(_) => 0,
+        };
+        self.held = Some(since);
         // The router sees this attempt's headers only with its first byte.
         Action::Pause
     }
 
     fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.held && body_size == 0 && !end_of_stream {
+        if self.held.is_some() && body_size == 0 && !end_of_stream {
             return Action::Pause; // an empty chunk is not a first byte
         }
         // Continue after a paused headers callback passes the headers on,
@@ -86,8 +86,10 @@ impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
 
     /// Called for every attempt, the router's cancelled losers included.
     fn on_done(&mut self) {
-        if std::mem::take(&mut self.held) {
-            self.count(HoldStats::on_end_held);
+        if let Some(since) = self.held.take() {
+            if let Ok(mut stats) = self.stats.try_borrow_mut() {
+                stats.on_end_held(since);
+            }
         }
     }
 }
