@@ -1506,6 +1506,9 @@ impl Worker {
         evicted.extend(self.unregister.iter().cloned());
         let clusters = &self.clusters;
         let mut outcome = Vec::new();
+        // the names this update took out: an unregistered name another
+        // worker removed already is no second eviction
+        let mut removed = 0;
         let update = update_shared(
             store,
             &key,
@@ -1516,7 +1519,9 @@ impl Worker {
                 // recomputed on every attempt: a conflict means another worker
                 // changed the registry in between
                 outcome.clear();
+                let before = registry.names.len();
                 registry.names.retain(|n| !evicted.contains(n));
+                removed = before - registry.names.len();
                 for (id, state) in clusters.iter().enumerate() {
                     if state.tracking != Tracking::Pending {
                         continue;
@@ -1541,9 +1546,9 @@ impl Worker {
             return;
         }
         self.unregister.clear();
-        if !evicted.is_empty() {
+        if removed > 0 {
             self.metrics
-                .add(WorkerMetric::ClustersEvicted, evicted.len() as u64);
+                .add(WorkerMetric::ClustersEvicted, removed as u64);
         }
         for (id, slot) in outcome {
             let Some(state) = self.clusters.get_mut(id) else {
@@ -3017,6 +3022,34 @@ mod tests {
             matches!(d, Decision::Arm(_) | Decision::Skip(Skip::BudgetExhausted)),
             "{d:?}"
         );
+    }
+
+    /// A name this worker still has to take out of the registry (its
+    /// update failed when it evicted) that another worker took out since
+    /// is no second eviction in `clusters_evicted_total`.
+    #[test]
+    fn an_eviction_is_counted_once() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 4, "min_samples": 1}"#);
+        let mut w = Worker::new(cfg);
+        let mut log = Lines::default();
+        traffic(&mut w, "x", 5, 1000);
+        traffic(&mut w, "y", 5, 1000);
+        w.sync(T0, &store, &mut log);
+        store
+            .set(&cluster_key(G30, "x"), &SharedCluster::evicted(), 0)
+            .unwrap();
+        // another worker took x out of the registry already
+        let key = registry_key(G30);
+        let (bytes, cas) = store.get(&key).unwrap().unwrap();
+        let mut registry = Registry::decode(&bytes).unwrap();
+        registry.names.retain(|n| n != "x");
+        store.set(&key, &registry.encode(), cas).unwrap();
+        w.unregister.push("x".into());
+        w.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(0));
     }
 
     /// Worker a's first names were refused by the registry (b registered
