@@ -26,13 +26,18 @@
 //! refusing hedges while tokens sit idle; and a stall costs at most one
 //! hedge per request armed in that short span, once.
 //!
-//! Across workers (on the sync tick): a worker above `burst` free tokens
-//! deposits the surplus into the cluster's shared pool (itself capped at
-//! `burst`), and a worker below `burst` withdraws from it (a worker in debt
-//! repays from it). So tokens earned on one worker pay for hedges on another,
-//! and over any period
-//!     extra attempts <= share * requests + (workers + 1) * burst
-//!                       + the exposure caps (the most debt left at its end)
+//! Across workers (on the sync tick): a worker above its cap (`burst`, or
+//! `reserve_ms` of its earnings at its rate) deposits the surplus into the
+//! cluster's shared pool (itself capped at `reserve_ms` of the whole
+//! cluster's earnings at its rate, or the worker's cap), and a worker below
+//! its cap withdraws from it (a worker in debt repays from it). So tokens
+//! a worker saved pay for hedges on another, and over any period
+//!     extra attempts <= share * requests + what the workers and the pool
+//!                       had saved at its start + the exposure caps (the
+//!                       most debt left at its end)
+//! where every extra attempt Envoy may make for an armed request (the
+//! route's own retries kept, which Envoy may spend on hedges) was reserved
+//! when it was armed.
 
 use std::collections::VecDeque;
 
@@ -108,6 +113,11 @@ pub struct LocalBudget {
     saved_cap: i64,
     /// Requests per tick over about the last second (an EWMA; see `tick`).
     rate_per_tick: Option<f64>,
+    /// The cluster's requests (all workers) per second over about the
+    /// last second, and the shared count and time it was last read at (see
+    /// `rebalance`).
+    cluster_per_second: Option<f64>,
+    cluster_seen: Option<(u64, u64)>,
 }
 
 impl LocalBudget {
@@ -121,6 +131,8 @@ impl LocalBudget {
             now: 0,
             saved_cap: signed(terms.burst),
             rate_per_tick: None,
+            cluster_per_second: None,
+            cluster_seen: None,
         }
     }
 
@@ -303,14 +315,25 @@ impl LocalBudget {
     }
 
     /// Balances this worker's tokens against the cluster's shared pool
-    /// (micro-tokens): the worker keeps at most its cap, and what it adds
-    /// takes the pool to at most its cap too. A pool already above this
-    /// worker's cap (a busier worker's savings) is not cut down to it: a
-    /// worker at a low rate clipped it every tick, and the reserve was lost
-    /// wherever traffic was spread unevenly over the workers.
-    pub fn rebalance(&mut self, pool: &mut u64) {
+    /// (micro-tokens): the worker keeps at most its cap, and the pool holds
+    /// at most `reserve_ms` of the whole cluster's earnings at its rate of
+    /// about the last second (from `requests_total`, the shared count of
+    /// the cluster's requests, read here at `now_ms`), or `burst`, or this
+    /// worker's cap. Why the cluster's rate: a pool capped by this worker's
+    /// cap alone was cut down by every quieter worker (a busier one's
+    /// savings lost wherever traffic was spread unevenly); one never cut
+    /// below its own level kept the reserve of the busiest hour at night,
+    /// and the first slowdown then hedged every request for a minute and
+    /// more. Until the rate is known (the first read) the pool is left as
+    /// it is.
+    pub fn rebalance(&mut self, pool: &mut u64, requests_total: u64, now_ms: u64) {
+        let cluster_cap = self.cluster_cap(requests_total, now_ms);
         let cap = self.saved_cap;
-        let burst = (self.saved_cap.max(0) as u64).max(*pool);
+        let own = self.saved_cap.max(0) as u64;
+        let burst = match cluster_cap {
+            Some(cluster) => own.max(cluster),
+            None => own.max(*pool),
+        };
         if self.free > cap {
             *pool = pool.saturating_add(self.free.abs_diff(cap));
             self.free = cap;
@@ -320,6 +343,34 @@ impl LocalBudget {
             self.free = self.free.saturating_add(signed(take));
         }
         *pool = (*pool).min(burst);
+    }
+}
+
+impl LocalBudget {
+    /// The pool's cap from the cluster's rate (see `rebalance`); `None`
+    /// until two reads of the shared count are apart in time.
+    fn cluster_cap(&mut self, requests_total: u64, now_ms: u64) -> Option<u64> {
+        let seen = self.cluster_seen.replace((requests_total, now_ms));
+        if let Some((total, at)) =
+            seen.filter(|&(total, at)| requests_total >= total && now_ms > at)
+        {
+            let elapsed_ms = now_ms - at;
+            let rate = (requests_total - total) as f64 * 1000.0 / elapsed_ms as f64;
+            let weight = (elapsed_ms as f64 / 1000.0).min(1.0);
+            self.cluster_per_second = Some(match self.cluster_per_second {
+                Some(r) => r + weight * (rate - r),
+                None => rate,
+            });
+        } else if seen.is_some_and(|(total, _)| requests_total < total) {
+            // the shared value was reset (evicted, corrupt): start again
+            self.cluster_per_second = None;
+        }
+        let per_second = self.cluster_per_second?;
+        let reserve = signed(self.terms.share)
+            .saturating_mul(per_second.min(i64::MAX as f64 / 2.0) as i64)
+            .saturating_mul(signed(self.terms.reserve_ms.max(1)))
+            / 1000;
+        Some(signed(self.terms.burst).max(reserve).max(0) as u64)
     }
 }
 
@@ -485,7 +536,7 @@ mod tests {
         assert_eq!(b.free_tokens(), 500.0, "ten seconds' earnings");
         assert_eq!(b.reserve_fill(), 1.0);
         let mut pool = 0;
-        b.rebalance(&mut pool);
+        b.rebalance(&mut pool, 0, 0);
         assert_eq!((b.free_tokens(), pool), (500.0, 0), "nothing above the cap");
     }
 
@@ -632,7 +683,7 @@ mod tests {
             }
             b.tick(tick, requests, TICKS_PER_SECOND, 0);
             let mut pool = 0;
-            b.rebalance(&mut pool);
+            b.rebalance(&mut pool, 0, 0);
         }
         // 250 req/s x 10 s x 0.1: 250 tokens at the mean rate (about 222
         // read just after an empty tick); 25 bursts earned 250
@@ -641,7 +692,7 @@ mod tests {
         // and an empty tick does not drop it
         b.tick(51, 0, TICKS_PER_SECOND, 0);
         let mut pool = 0;
-        b.rebalance(&mut pool);
+        b.rebalance(&mut pool, 0, 0);
         assert!(b.free_tokens() + pool as f64 / 1e6 >= saved - 1e-6);
     }
 
@@ -683,28 +734,54 @@ mod tests {
         const T: i64 = TOKEN;
         const U: u64 = MICROS_PER_TOKEN;
         let (mut rich, mut poor, mut pool) = (budget(14 * T), LocalBudget::new(TERMS), 0);
-        rich.rebalance(&mut pool);
+        rich.rebalance(&mut pool, 0, 0);
         assert_eq!((rich.free, pool), (10 * T, 4 * U));
-        poor.rebalance(&mut pool);
+        poor.rebalance(&mut pool, 0, 0);
         assert_eq!((poor.free, pool), (4 * T, 0));
         // a worker in debt repays from the pool
         let mut pool = 5 * U;
         let mut owing = budget(-3 * T);
-        owing.rebalance(&mut pool);
+        owing.rebalance(&mut pool, 0, 0);
         assert_eq!((owing.free, pool), (2 * T, 0));
         // the pool never holds more than one burst
         let mut flush = budget(50 * T);
-        flush.rebalance(&mut pool);
+        flush.rebalance(&mut pool, 0, 0);
         assert_eq!(pool, BURST);
         // a worker whose cap is lower (a lower rate) does not cut a pool a
         // busier worker filled: it adds nothing past it, and takes its share
         let mut pool = 40 * U;
         let mut quiet = budget(12 * T);
-        quiet.rebalance(&mut pool);
+        quiet.rebalance(&mut pool, 0, 0);
         assert_eq!((quiet.free, pool), (10 * T, 40 * U));
         let mut short = budget(7 * T);
-        short.rebalance(&mut pool);
+        short.rebalance(&mut pool, 0, 0);
         assert_eq!((short.free, pool), (10 * T, 37 * U));
+    }
+
+    /// The pool holds at most the whole cluster's reserve at its rate of
+    /// about the last second: a quiet worker leaves a busy cluster's pool
+    /// alone, and once the cluster's traffic drops the pool is cut to the
+    /// new rate's reserve (before, it kept the busiest hour's until spent:
+    /// every request of the first slowdown after it hedged).
+    #[test]
+    fn the_pool_follows_the_cluster_s_rate() {
+        const U: u64 = MICROS_PER_TOKEN;
+        let mut quiet = budget(10 * TOKEN);
+        let mut pool = 800 * U;
+        quiet.rebalance(&mut pool, 0, 0);
+        assert_eq!(pool, 800 * U, "the rate not known yet");
+        // 10,000 req/s over the cluster: its reserve (1 s at 10%) is 1,000
+        quiet.rebalance(&mut pool, 2_000, 200);
+        assert_eq!(pool, 800 * U);
+        // then 100 req/s: 10 tokens (one burst)
+        quiet.rebalance(&mut pool, 2_100, 1_200);
+        assert_eq!(pool, 10 * U);
+        // a reset shared value (evicted, rebuilt) says nothing of the rate
+        let mut pool = 800 * U;
+        let mut fresh = budget(10 * TOKEN);
+        fresh.rebalance(&mut pool, 5_000, 0);
+        fresh.rebalance(&mut pool, 10, 200);
+        assert_eq!(pool, 800 * U);
     }
 
     /// A simulated 60 s outage at 1000 req/s over two workers, every request
@@ -735,7 +812,7 @@ mod tests {
                     tick += 1;
                     for w in workers.iter_mut() {
                         w.tick(tick, 100, TICKS_PER_SECOND, 1);
-                        w.rebalance(&mut pool);
+                        w.rebalance(&mut pool, 0, 0);
                     }
                 }
             }

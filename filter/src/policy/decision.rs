@@ -162,6 +162,10 @@ pub struct Arming {
     /// more (the header replaces the route's `num_retries`; hedges and
     /// retries share the count).
     pub max_retries: u32,
+    /// Extra attempts paid for up front: `max_retries`, since Envoy may
+    /// spend the whole count on hedges (each attempt's own per-try timeout
+    /// sends the next); a shadow's would-be hedges alone.
+    pub reserved: u32,
     pub retry_on: Arc<str>,
     /// `x-envoy-retriable-status-codes` (`retriable_status_codes`), if any:
     /// a hedge's fast 429 must not end the race while the other attempt
@@ -372,7 +376,7 @@ impl Plan {
         match (&self.decision, self.cluster) {
             (Decision::Arm(a), Some(cluster)) => Some(Settlement {
                 cluster,
-                hedges: a.hedges,
+                hedges: a.reserved,
                 cohort: self.cohort,
                 per_try_timeout_ms: a.per_try_timeout_ms,
                 shadow: a.shadow,
@@ -597,17 +601,35 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
     if cluster.stale_delay {
         return Decision::Skip(Skip::StaleDelay);
     }
-    match cluster.budget.affordable(policy.max_hedges) {
+    // Envoy has one count for hedges and retries: with the route's own
+    // retries kept (`route_retries` above the hedges), an attempt's per-try
+    // timeout sends another hedge (at twice the delay, three times...)
+    // while the count lasts, so the whole count is paid for, or nothing is
+    // armed: before, only the hedges were reserved, and in a stall Istio's
+    // default (2) sent twice the budget while the requests ran.
+    let shadow = policy.mode == Mode::Shadow;
+    let wanted = match shadow {
+        true => policy.max_hedges,
+        false => policy.max_hedges.max(policy.route_retries),
+    };
+    let affordable = cluster.budget.affordable(wanted);
+    if affordable == 0 || (!shadow && affordable < policy.route_retries) {
+        return Decision::Skip(Skip::BudgetExhausted);
+    }
+    let hedges = affordable.min(policy.max_hedges);
+    let max_retries = hedges.max(policy.route_retries);
+    match hedges {
         0 => Decision::Skip(Skip::BudgetExhausted),
         hedges => Decision::Arm(Arming {
             per_try_timeout_ms: delay.per_try_timeout_ms,
             hedges,
-            max_retries: hedges.max(policy.route_retries),
+            max_retries,
+            reserved: if shadow { hedges } else { max_retries },
             retry_on: Arc::clone(&policy.retry_on),
             retriable_status_codes: policy.retriable_codes_header().cloned(),
             retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
             first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
-            shadow: policy.mode == Mode::Shadow,
+            shadow,
         }),
     }
 }

@@ -437,13 +437,13 @@ impl ClusterState {
                 self.count_refusal(false);
                 let delay_us = a.per_try_timeout_ms * 1000;
                 self.budget
-                    .reserve(a.hedges, delay_us.div_ceil(tick_us.max(1)));
+                    .reserve(a.reserved, delay_us.div_ceil(tick_us.max(1)));
                 let metric = if a.shadow {
                     ClusterMetric::ShadowArmed
                 } else {
                     ClusterMetric::HedgesArmed
                 };
-                self.metrics.add(metric, u64::from(a.hedges));
+                self.metrics.add(metric, u64::from(a.reserved));
             }
             Decision::Skip(Skip::BudgetExhausted) => {
                 // The exposure cap refuses for how many requests are armed
@@ -1705,7 +1705,7 @@ impl Worker {
             || SharedCluster::new(geometry),
             |shared| {
                 budget = state.budget.clone();
-                budget.rebalance(&mut shared.pool);
+                budget.rebalance(&mut shared.pool, shared.requests_total, now_ms);
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
                 shared.long.merge(now_ms, &state.samples);
@@ -3431,6 +3431,49 @@ mod tests {
             .get("adaptive_hedge.hedge_delay_microseconds.c")
             .unwrap();
         assert!((2900..=3100).contains(&delay), "{delay}");
+    }
+
+    /// With the route's own retries kept (`route_retries` 2, Istio's
+    /// default), Envoy may spend the whole count on hedges: in a stall each
+    /// armed request sends one at the delay and another at twice it. The
+    /// budget pays for the count: over a minute of stall the attempts Envoy
+    /// may send stay within the earnings, the reserve and the exposure cap.
+    /// Before, it paid for one hedge a request and armed twice too many.
+    #[test]
+    fn a_stall_with_the_route_s_retries_stays_within_the_budget() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10, "route_retries": 2}"#));
+        let mut now = T0;
+        for _ in 0..10 {
+            traffic(&mut w, "c", 100, 3000);
+            w.sync(now, &store, &mut Lines::default());
+            now += 200;
+        }
+        // a stall: 100 requests a tick for a minute, none ends
+        let (mut requests, mut potential) = (0u64, 0u64);
+        for _ in 0..300 {
+            for _ in 0..100 {
+                let plan = w.plan(Some(b"c"), None, &GET);
+                requests += 1;
+                if let Decision::Arm(a) = &plan.decision {
+                    assert_eq!((a.max_retries, a.reserved), (2, 2));
+                    potential += u64::from(a.max_retries);
+                }
+            }
+            w.sync(now, &store, &mut Lines::default());
+            now += 200;
+        }
+        // 10% of the stall's requests, the reserve saved before it (at
+        // most 10 s of earnings) and the exposure cap (about 1.5 x 2 s)
+        let bound = requests / 10 + 500 + 300;
+        assert!(
+            potential <= bound,
+            "{potential} attempts armed, bound {bound}"
+        );
+        assert!(
+            potential >= requests / 20,
+            "the budget is used: {potential}"
+        );
     }
 
     /// A second attempt answered before the per-try timeout by another
