@@ -312,6 +312,9 @@ pub struct Hosts {
     /// Ticks left during which the cluster has more hosts than the shared
     /// value can hold (see `OVERFLOW_TICKS`).
     overflow_ticks: u32,
+    /// The admin interface's last word: fewer than half the members are
+    /// healthy (see `weigh`): the cluster's balancer chooses.
+    panicking: bool,
 }
 
 /// A cluster with more hosts answering than the shared value holds
@@ -744,12 +747,16 @@ impl Hosts {
 
     /// The admin interface's weights and health on the hosts known here
     /// (`members` sorted by address); without it, every host weighs 1 and
-    /// none is held out. Nor is any while fewer than half the members are
-    /// healthy: Envoy's own balancer then spreads the load over all of
-    /// them (its panic threshold, at its default of 50%) rather than crush
-    /// the few left. Returns the hosts held out.
+    /// none is held out. While fewer than half the members are healthy the
+    /// filter names no host and the cluster's balancer chooses: Envoy's
+    /// panic threshold (50% unless set) then spreads the load over all
+    /// hosts rather than crush the few left, or, where it is 0 (Istio with
+    /// outlier detection), keeps to the healthy ones. Until 2026-11-28 the
+    /// filter held none out then, and named hosts Istio had ejected (an
+    /// override pick ignores health). Returns the hosts held out.
     fn weigh(&mut self, members: Option<&[Member]>) -> usize {
         let panic = members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len());
+        self.panicking = panic;
         let find = |address: &str| {
             members.map(|m| {
                 m.binary_search_by(|m| m.address.as_str().cmp(address))
@@ -829,7 +836,9 @@ impl Hosts {
         avoid: impl Fn(HostId) -> bool,
     ) -> Option<HostPick> {
         // the exploration share: the top 24 bits decide
-        if self.overflow_ticks > 0 || ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64
+        if self.overflow_ticks > 0
+            || self.panicking
+            || ((random >> 40) as f64) < EXPLORE_SHARE * (1u64 << 24) as f64
         {
             return None;
         }
@@ -1707,8 +1716,9 @@ mod tests {
             .all(|p| p.hedge != Some(1) && p.hedge != Some(3)));
         // with two eligible hosts both are drawn: the heavier one wins
         assert!(picks.iter().all(|p| p.primary == 0), "{picks:?}");
-        // fewer than half healthy: Envoy's balancer spreads over all, so
-        // the filter holds none out
+        // fewer than half healthy: Envoy's balancer applies its own panic
+        // threshold (spreading over all, or, at 0, keeping to the healthy),
+        // so the filter names no host
         let said = [
             member(0, 1, false),
             member(1, 1, false),
@@ -1716,6 +1726,7 @@ mod tests {
             member(3, 1, true),
         ];
         assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 0);
+        assert!((0..200u64).all(|r| hosts.choose(2, mix(r), true).is_none()));
         // half healthy is not panic
         let said = [
             member(0, 1, false),

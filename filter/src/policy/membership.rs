@@ -350,6 +350,11 @@ pub fn parse_outlier_detection(
         .collect()
 }
 
+/// The size, about (a character a node, two per alternative and the
+/// anchors), of the largest `name_regex` put in a configuration dump's
+/// request: under Envoy's default limit of 100 with a margin.
+const MAX_NAME_REGEX_PROGRAM: usize = 60;
+
 /// The names of `clusters` as an admin query parameter: a regular
 /// expression matching exactly those names (metacharacters escaped, then
 /// percent-encoded); `None` without a name, or past `MAX_FILTER_BYTES`.
@@ -400,10 +405,22 @@ pub fn admin_path<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Option<Str
 /// masked to the name and the outlier detection (the dump takes one
 /// resource type per request).
 pub fn config_dump_paths<'a>(clusters: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let Some(names) = names_parameter(clusters) else {
+    let clusters: Vec<&str> = clusters.into_iter().collect();
+    let Some(names) = names_parameter(clusters.iter().copied()) else {
         return Vec::new();
     };
-    let names = names.map_or(String::new(), |n| format!("&name_regex={n}"));
+    // Envoy compiles the dump's `name_regex` under its regex engine's
+    // program size limit (runtime `re2.max_program_size.error_level`, 100
+    // unless raised: Istio and Envoy Gateway raise it, a plain bootstrap
+    // does not), and refuses a longer one with a 400: past a few names the
+    // dump is asked for whole (masked, about 100 bytes a cluster) and the
+    // names picked from it. Before, three clusters with Istio-like names
+    // were enough for every read to fail.
+    let size: usize = clusters.iter().map(|c| c.len() + 2).sum::<usize>() + 8;
+    let names = match names {
+        Some(n) if size <= MAX_NAME_REGEX_PROGRAM => format!("&name_regex={n}"),
+        _ => String::new(),
+    };
     ["dynamic_active_clusters", "static_clusters"]
         .iter()
         .map(|resource| {
@@ -682,6 +699,20 @@ other::10.0.0.1:80::weight::7
         assert!(config_dump_paths(many.iter().map(String::as_str))
             .iter()
             .all(|p| !p.contains("name_regex")));
+        // three Istio-like names: a regex past Envoy's default program
+        // size limit (a 400 for every read), so the whole dump, masked
+        let istio = [
+            "outbound|8080||payments.default.svc.cluster.local",
+            "outbound|8080||search.default.svc.cluster.local",
+            "outbound|9090||ratings.default.svc.cluster.local",
+        ];
+        assert_eq!(
+            config_dump_paths(istio),
+            [
+                "/config_dump?resource=dynamic_active_clusters&mask=cluster.name,cluster.outlier_detection",
+                "/config_dump?resource=static_clusters&mask=cluster.name,cluster.outlier_detection",
+            ]
+        );
     }
 
     /// What Envoy 1.40 answered to `config_dump_paths` (a static cluster
