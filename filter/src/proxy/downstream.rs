@@ -314,9 +314,14 @@ impl<H: Host> DownstreamRequest<H> {
         latency_us: Option<u64>,
         primary_answered: Option<bool>,
     ) {
-        let (Some(settlement), Some(worker)) = (self.settlement.take(), &self.worker) else {
+        let (Some(settlement), Some(worker)) = (self.settlement, self.worker.clone()) else {
             return;
         };
+        // kept for a later callback if the worker cannot be reached now
+        let Ok(mut worker) = worker.try_borrow_mut() else {
+            return;
+        };
+        self.settlement = None;
         // When an untimed armed request with a second attempt ended: the
         // second was a hedge only if that is past the deadline (else a
         // retry after a fast failure). One clock read, on few requests.
@@ -325,9 +330,7 @@ impl<H: Host> DownstreamRequest<H> {
             && attempts.is_some_and(|a| a >= 2))
         .then(|| self.host.now_ns().ok())
         .flatten();
-        if let Ok(mut worker) = worker.try_borrow_mut() {
-            worker.settle(settlement, attempts, latency_us, ended_ns, primary_answered);
-        }
+        worker.settle(settlement, attempts, latency_us, ended_ns, primary_answered);
     }
 
     /// `mode: shadow`: the attempts Envoy would have made, had the request
