@@ -297,12 +297,18 @@ impl LocalBudget {
         // the balance would touch zero at every fluctuation and refuse random
         // requests. The reserve: `reserve_ms` of earnings at the last
         // second's rate (see "The budget" in design.md).
-        let per_second = (rate * ticks_per_second.max(0.0)) as i64;
+        self.saved_cap = self.reserve_for(rate * ticks_per_second.max(0.0));
+    }
+
+    /// The most kept at `per_second` requests: `burst`, or `reserve_ms` of
+    /// earnings at that rate if more (micro-tokens).
+    fn reserve_for(&self, per_second: f64) -> i64 {
+        let per_second = per_second.clamp(0.0, i64::MAX as f64 / 2.0) as i64;
         let reserve = signed(self.terms.share)
             .saturating_mul(per_second)
             .saturating_mul(signed(self.terms.reserve_ms.max(1)))
             / 1000;
-        self.saved_cap = signed(self.terms.burst).max(reserve);
+        signed(self.terms.burst).max(reserve)
     }
 
     /// How full the worker's reserve is: free tokens over the most it may
@@ -366,11 +372,7 @@ impl LocalBudget {
             self.cluster_per_second = None;
         }
         let per_second = self.cluster_per_second?;
-        let reserve = signed(self.terms.share)
-            .saturating_mul(per_second.min(i64::MAX as f64 / 2.0) as i64)
-            .saturating_mul(signed(self.terms.reserve_ms.max(1)))
-            / 1000;
-        Some(signed(self.terms.burst).max(reserve).max(0) as u64)
+        Some(self.reserve_for(per_second).max(0) as u64)
     }
 }
 

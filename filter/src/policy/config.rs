@@ -1162,8 +1162,6 @@ mod tests {
         assert!(!p.allows_method(b"DELETE"));
     }
 
-    /// The README's configuration table has one row per setting, each with
-    /// the default the code uses.
     /// A route's own `max_routes` does nothing (a route with overrides is
     /// hedged as its own cluster): said, not silently dropped.
     #[test]
@@ -1186,6 +1184,8 @@ mod tests {
         assert!(quiet.is_empty(), "{quiet:?}");
     }
 
+    /// The README's configuration table has one row per setting, each with
+    /// the default the code uses.
     #[test]
     fn readme_lists_every_setting_with_its_default() {
         let readme = std::fs::read_to_string(

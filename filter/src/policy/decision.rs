@@ -616,22 +616,20 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
     if affordable == 0 || (!shadow && affordable < policy.route_retries) {
         return Decision::Skip(Skip::BudgetExhausted);
     }
+    // what it affords is the count (at least `route_retries`), or, in a
+    // shadow, the hedges alone
     let hedges = affordable.min(policy.max_hedges);
-    let max_retries = hedges.max(policy.route_retries);
-    match hedges {
-        0 => Decision::Skip(Skip::BudgetExhausted),
-        hedges => Decision::Arm(Arming {
-            per_try_timeout_ms: delay.per_try_timeout_ms,
-            hedges,
-            max_retries,
-            reserved: if shadow { hedges } else { max_retries },
-            retry_on: Arc::clone(&policy.retry_on),
-            retriable_status_codes: policy.retriable_codes_header().cloned(),
-            retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
-            first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
-            shadow,
-        }),
-    }
+    Decision::Arm(Arming {
+        per_try_timeout_ms: delay.per_try_timeout_ms,
+        hedges,
+        max_retries: hedges.max(policy.route_retries),
+        reserved: affordable,
+        retry_on: Arc::clone(&policy.retry_on),
+        retriable_status_codes: policy.retriable_codes_header().cloned(),
+        retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
+        first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
+        shadow,
+    })
 }
 
 #[cfg(test)]
@@ -1025,7 +1023,7 @@ mod tests {
             }
         }
         let mut shared = Vec::new();
-        hosts.merge_into(&mut shared, 1_000);
+        hosts.merge_into(&mut shared, 1_000, None);
         hosts.refresh(&shared, None);
         hosts
     }

@@ -100,12 +100,25 @@ pub const FRESH_ATTEMPT_AFTER: u32 = 1;
 pub const FORGET_MS: u64 = 10_000;
 
 /// Drops the hosts of a cluster's shared value not heard from for
-/// `FORGET_MS`. A worker whose policy does not choose hosts does only this:
-/// clearing them instead (as it did) erased, on every tick, what the workers
-/// of another configuration sharing the value learned (a reload that turns
+/// `FORGET_MS`, but those the admin interface's recent read lists as the
+/// cluster's (`members`, sorted by address): a host Envoy still has is
+/// silent because two choices avoid it (the costlier of any two), not
+/// because it went. Forgotten, it came back as a new host, chosen by score
+/// only after `MIN_HOST_SAMPLES` answers of the exploration share: at 40
+/// requests a second over four hosts, a host slow for two seconds was
+/// forgotten and still had none of the traffic 45 s after it recovered.
+/// A worker whose policy does not choose hosts does only this: clearing
+/// them instead (as it did) erased, on every tick, what the workers of
+/// another configuration sharing the value learned (a reload that turns
 /// `host_choice` on, while the old configuration drains).
-pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64) {
-    shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS);
+pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64, members: Option<&[Member]>) {
+    let listed = |address: &str| {
+        members.is_some_and(|m| {
+            m.binary_search_by(|m| m.address.as_str().cmp(address))
+                .is_ok()
+        })
+    };
+    shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS || listed(&s.address));
 }
 /// A failure's weight halves in about this long (ms; the time constant).
 pub const FAILURE_DECAY_MS: f64 = 5_000.0;
@@ -623,8 +636,13 @@ impl Hosts {
     /// Under the compare-and-swap of the cluster's value (may run more than
     /// once, so it reads `self` only): forgets silent hosts, adds what this
     /// worker learned since the last tick.
-    pub fn merge_into(&self, shared: &mut Vec<SharedHost>, now_ms: u64) {
-        forget_silent(shared, now_ms);
+    pub fn merge_into(
+        &self,
+        shared: &mut Vec<SharedHost>,
+        now_ms: u64,
+        members: Option<&[Member]>,
+    ) {
+        forget_silent(shared, now_ms, members);
         let median = median_cost_log(shared);
         for s in shared.iter_mut() {
             s.failures *= failure_keep(s.stamp_ms, now_ms);
@@ -1028,13 +1046,19 @@ impl OverrideCheck {
 
 /// The weight a failure keeps from `stamp_ms` to `now_ms`.
 fn failure_keep(stamp_ms: u64, now_ms: u64) -> f64 {
-    (-(now_ms.saturating_sub(stamp_ms) as f64) / FAILURE_DECAY_MS).exp()
+    keep(stamp_ms, now_ms, FAILURE_DECAY_MS)
 }
 
 /// The share of a host's cost above the median host's kept from
 /// `stamp_ms` to `now_ms` (see `COST_DECAY_MS`).
 fn cost_keep(stamp_ms: u64, now_ms: u64) -> f64 {
-    (-(now_ms.saturating_sub(stamp_ms) as f64) / COST_DECAY_MS).exp()
+    keep(stamp_ms, now_ms, COST_DECAY_MS)
+}
+
+/// What an exponential decay of time constant `tau_ms` keeps from
+/// `stamp_ms` to `now_ms`.
+fn keep(stamp_ms: u64, now_ms: u64, tau_ms: f64) -> f64 {
+    (-(now_ms.saturating_sub(stamp_ms) as f64) / tau_ms).exp()
 }
 
 /// The lower median of the costs of the shared hosts measured enough to
@@ -1084,7 +1108,7 @@ mod tests {
             }
         }
         let mut shared = Vec::new();
-        hosts.merge_into(&mut shared, T0);
+        hosts.merge_into(&mut shared, T0, None);
         hosts.refresh(&shared, None);
         (hosts, shared)
     }
@@ -1113,7 +1137,7 @@ mod tests {
         // the 65th host answers (the balancer's exploration share)
         let extra = hosts.find_or_add(b"10.0.1.0:80").unwrap();
         hosts.observe(extra, 1000.0);
-        hosts.merge_into(&mut shared, T0 + 1);
+        hosts.merge_into(&mut shared, T0 + 1, None);
         assert_eq!(shared.len(), MAX_HOSTS, "no room in the value");
         assert!(hosts.refresh(&shared, None).overflowing);
         assert_eq!(hosts.choose(2, 1 << 63, true), None);
@@ -1135,6 +1159,30 @@ mod tests {
         assert_eq!(hosts.needs_fresh_attempt(true), None);
         hosts.timed_out(1, 5);
         assert_eq!(hosts.needs_fresh_attempt(true), Some(1));
+    }
+
+    /// A silent host is forgotten after `FORGET_MS`, unless the admin
+    /// interface's read lists it: Envoy still has it, and it is silent
+    /// because two choices avoid it.
+    #[test]
+    fn a_silent_host_envoy_still_lists_is_not_forgotten() {
+        let (_, shared) = measured_with(&[1000.0, 1000.0, 5000.0]);
+        let later = T0 + FORGET_MS;
+        let mut forgotten = shared.clone();
+        forget_silent(&mut forgotten, later, None);
+        assert!(forgotten.is_empty());
+        let members: Vec<Member> = ["10.0.0.2:80"]
+            .iter()
+            .map(|a| Member {
+                address: a.to_string(),
+                weight: 1,
+                healthy: true,
+            })
+            .collect();
+        let mut kept = shared;
+        forget_silent(&mut kept, later, Some(&members));
+        let kept: Vec<&str> = kept.iter().map(|h| h.address.as_str()).collect();
+        assert_eq!(kept, ["10.0.0.2:80"]);
     }
 
     #[test]
@@ -1180,7 +1228,7 @@ mod tests {
                         hosts.observe(id, draw(&mut state, median, stragglers));
                     }
                 }
-                hosts.merge_into(&mut shared, T0 + tick * 200);
+                hosts.merge_into(&mut shared, T0 + tick * 200, None);
                 let summary = hosts.refresh(&shared, None);
                 if tick >= 10 {
                     bad_ticks += usize::from(hosts.get(3).unwrap().probation);
@@ -1243,7 +1291,7 @@ mod tests {
                     *n += 1;
                 }
             }
-            hosts.merge_into(&mut shared, T0 + tick * 200);
+            hosts.merge_into(&mut shared, T0 + tick * 200, None);
             hosts.refresh(&shared, None);
             each_tick(tick, &hosts, chosen);
         }
@@ -1389,7 +1437,7 @@ mod tests {
         for _ in 0..50 {
             hosts.fail(2);
         }
-        hosts.merge_into(&mut shared, T0);
+        hosts.merge_into(&mut shared, T0, None);
         assert_eq!(hosts.refresh(&shared, None).on_probation, 1);
         assert!(hosts.get(2).unwrap().probation);
         assert_eq!(
@@ -1397,19 +1445,19 @@ mod tests {
             "a minute of failures counts as {FAILURE_CAP}"
         );
         // with time alone (nothing measured: on probation, unexplored) it fades
-        hosts.merge_into(&mut shared, T0 + 8_000);
+        hosts.merge_into(&mut shared, T0 + 8_000, None);
         hosts.refresh(&shared, None);
         assert!(!hosts.get(2).unwrap().probation);
         // failing again, then two successes (exploration) bring it back
         for _ in 0..10 {
             hosts.fail(2);
         }
-        hosts.merge_into(&mut shared, T0 + 8_200);
+        hosts.merge_into(&mut shared, T0 + 8_200, None);
         hosts.refresh(&shared, None);
         assert!(hosts.get(2).unwrap().probation);
         hosts.observe(2, 1000.0);
         hosts.observe(2, 1000.0);
-        hosts.merge_into(&mut shared, T0 + 8_400);
+        hosts.merge_into(&mut shared, T0 + 8_400, None);
         hosts.refresh(&shared, None);
         assert!(!hosts.get(2).unwrap().probation, "{:?}", shared[2]);
     }
@@ -1552,9 +1600,9 @@ mod tests {
         for _ in 0..20 {
             a.observe(x, 1000.0);
         }
-        a.merge_into(&mut shared, T0);
+        a.merge_into(&mut shared, T0, None);
         a.refresh(&shared, None);
-        b.merge_into(&mut shared, T0);
+        b.merge_into(&mut shared, T0, None);
         b.refresh(&shared, None);
         let bx = b.find_or_add(b"x:80").unwrap();
         assert!((b.get(bx).unwrap().cost_us() - 1000.0).abs() < 1.0);
@@ -1564,8 +1612,8 @@ mod tests {
             b.observe(bx, 8000.0);
         }
         let alone = a.get(x).unwrap().cost_us();
-        a.merge_into(&mut shared, T0 + 200);
-        b.merge_into(&mut shared, T0 + 200);
+        a.merge_into(&mut shared, T0 + 200, None);
+        b.merge_into(&mut shared, T0 + 200, None);
         b.refresh(&shared, None);
         let together = b.get(bx).unwrap().cost_us();
         assert!(together > alone * 1.2, "{together} vs {alone}");
@@ -1591,7 +1639,7 @@ mod tests {
                 }
             }
             for w in workers.iter_mut() {
-                w.merge_into(shared, now);
+                w.merge_into(shared, now, None);
             }
             for w in workers.iter_mut() {
                 w.refresh(shared, None);
@@ -1625,9 +1673,9 @@ mod tests {
     fn silent_hosts_are_forgotten_and_the_table_is_bounded() {
         let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0]);
         hosts.observe(0, 1000.0);
-        hosts.merge_into(&mut shared, T0 + FORGET_MS - 1);
+        hosts.merge_into(&mut shared, T0 + FORGET_MS - 1, None);
         hosts.observe(0, 1000.0);
-        hosts.merge_into(&mut shared, T0 + FORGET_MS + 1);
+        hosts.merge_into(&mut shared, T0 + FORGET_MS + 1, None);
         assert_eq!(hosts.refresh(&shared, None).tracked, 1);
         assert!(hosts.get(1).unwrap().gone);
         // its slot goes to the next new host once nothing names it, as
@@ -1657,7 +1705,7 @@ mod tests {
             many.observe(id, 1000.0);
         }
         let mut shared = Vec::new();
-        many.merge_into(&mut shared, T0);
+        many.merge_into(&mut shared, T0, None);
         assert_eq!(shared.len(), MAX_HOSTS);
     }
 
@@ -1744,7 +1792,7 @@ mod tests {
             }
         }
         let mut shared = Vec::new();
-        v6.merge_into(&mut shared, T0);
+        v6.merge_into(&mut shared, T0, None);
         let said = [
             Member {
                 address: "[::1]:80".into(),

@@ -485,7 +485,7 @@ mod tests {
             }
         }
         let mut shared = Vec::new();
-        hosts.merge_into(&mut shared, 1_000);
+        hosts.merge_into(&mut shared, 1_000, None);
         hosts.refresh(&shared, None);
         hosts
     }

@@ -1690,12 +1690,17 @@ impl Worker {
         log: &mut dyn Logger,
     ) {
         let geometry = self.geometry;
+        let period_ms = membership_period_ms(&self.config, self.tick_us);
         let Some(state) = self.clusters.get_mut(id) else {
             return;
         };
         if state.tracking != Tracking::Tracked {
             return;
         }
+        let members = self
+            .admin
+            .membership
+            .members(&state.envoy_cluster, now_ms, period_ms);
         let mut budget = state.budget.clone();
         let update = update_shared(
             store,
@@ -1717,9 +1722,9 @@ impl Worker {
                     geometry,
                 );
                 if state.policy.host_choice {
-                    state.hosts.merge_into(&mut shared.hosts, now_ms);
+                    state.hosts.merge_into(&mut shared.hosts, now_ms, members);
                 } else {
-                    hosts::forget_silent(&mut shared.hosts, now_ms);
+                    hosts::forget_silent(&mut shared.hosts, now_ms, members);
                 }
                 // past the value's cap a route is not stored, so not learned
                 shared.fit_routes();
@@ -1825,12 +1830,7 @@ impl Worker {
             (Mode::Shadow, Some(d)) => hedged_quantile(&window, d.delay_us as f64, 0.99),
             _ => None,
         };
-        // a read is trusted for a few periods, or ticks if those are longer
-        let period_ms = self
-            .config
-            .admin_refresh_ms()
-            .max(self.tick_us / 1_000)
-            .max(MEMBERSHIP_LOOK_MS);
+        let period_ms = membership_period_ms(&self.config, self.tick_us);
         let members = self
             .admin
             .membership
@@ -2012,6 +2012,15 @@ fn judge_timer(
     if early {
         state.metrics.add(ClusterMetric::EarlyHedges, 1);
     }
+}
+
+/// How long the admin interface's read is trusted: a few periods, or
+/// ticks if those are longer (see `Membership::members`).
+fn membership_period_ms(config: &Config, tick_us: u64) -> u64 {
+    config
+        .admin_refresh_ms()
+        .max(tick_us / 1_000)
+        .max(MEMBERSHIP_LOOK_MS)
 }
 
 /// The window quantiles exported as gauges (`latency_p50_microseconds`...).

@@ -314,7 +314,7 @@ impl<H: Host> DownstreamRequest<H> {
         latency_us: Option<u64>,
         primary_answered: Option<bool>,
     ) {
-        let (Some(settlement), Some(worker)) = (self.settlement, self.worker.clone()) else {
+        let (Some(settlement), Some(worker)) = (self.settlement, &self.worker) else {
             return;
         };
         // kept for a later callback if the worker cannot be reached now
@@ -381,7 +381,13 @@ impl<H: Host> DownstreamRequest<H> {
         } else {
             None
         };
-        let primary_answered = worker.primary_answered(cluster, pick, address.as_deref(), attempts);
+        // for the early-timer verdict of an armed request
+        let primary_answered = self.settlement.and(worker.primary_answered(
+            cluster,
+            pick,
+            address.as_deref(),
+            attempts,
+        ));
         Some(Answer {
             cluster,
             pick,

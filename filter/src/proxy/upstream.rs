@@ -31,11 +31,14 @@ impl<H: Host> UpstreamAttempt<H> {
         }
     }
 
+    fn count<R>(&self, event: impl FnOnce(&mut HoldStats) -> R) -> Option<R> {
+        let mut stats = self.stats.try_borrow_mut().ok()?;
+        Some(event(&mut stats))
+    }
+
     fn release(&mut self) {
         if self.held.take().is_some() {
-            if let Ok(mut stats) = self.stats.try_borrow_mut() {
-                stats.on_release();
-            }
+            self.count(HoldStats::on_release);
         }
     }
 }
@@ -60,11 +63,7 @@ impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
         if !should_hold(self.marked, status.as_deref(), end_of_stream) {
             return Action::Continue;
         }
-        let since = match self.stats.try_borrow_mut() {
-            Ok(mut stats) => stats.on_hold(),
-            Err(_) => 0,
-        };
-        self.held = Some(since);
+        self.held = Some(self.count(HoldStats::on_hold).unwrap_or(0));
         // The router sees this attempt's headers only with its first byte.
         Action::Pause
     }
@@ -87,9 +86,7 @@ impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
     /// Called for every attempt, the router's cancelled losers included.
     fn on_done(&mut self) {
         if let Some(since) = self.held.take() {
-            if let Ok(mut stats) = self.stats.try_borrow_mut() {
-                stats.on_end_held(since);
-            }
+            self.count(|stats| stats.on_end_held(since));
         }
     }
 }
