@@ -260,6 +260,33 @@ fn share_between(before: &[HostCounts], after: &[HostCounts], i: usize) -> (f64,
     (delta(i) as f64 / total.max(1) as f64, total)
 }
 
+/// Four hosts of about 3 ms behind Envoy with the filter (debug header),
+/// and a client.
+fn four_hosts_learned() -> (Simulator, Envoy, load::Client) {
+    let m = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m]).unwrap();
+    let envoy = Envoy::start(four_hosts(&sim, r#"{"debug_header": true}"#)).unwrap();
+    (sim, envoy, load::client())
+}
+
+/// After a warm-up, once the filter tracks all four hosts: `total`
+/// requests at `rate` to `/`, in the background.
+async fn four_hosts_tracked_under_load(
+    client: &load::Client,
+    envoy: &Envoy,
+    rate: f64,
+    total: u64,
+) -> tokio::task::JoinHandle<load::LoadResult> {
+    common::warm_up(client, envoy, "/", 600, 4).await;
+    envoy.wait_for_stats("four hosts tracked", |s| {
+        s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
+    });
+    let (client, url) = (client.clone(), envoy.url("/"));
+    tokio::spawn(async move {
+        load::open_loop(&client, &url, rate, total, Duration::from_secs(5)).await
+    })
+}
+
 /// From now, the time until host `i` gets at least a `share` of the
 /// upstream attempts of a `window` (checked window after window); fails
 /// past `within_s` seconds.
@@ -296,21 +323,10 @@ async fn until_back_to_share(
 /// one-second window). The bounds leave a noisy box room.
 #[test]
 fn a_failing_host_is_left_within_2_s_and_back_within_15_s() {
-    let m = lognormal(3.0, 0.7);
-    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m]).unwrap();
-    let envoy = Envoy::start(four_hosts(&sim, r#"{"debug_header": true}"#)).unwrap();
-    let client = load::client();
-    let url = envoy.url("/");
+    let (sim, envoy, client) = four_hosts_learned();
     runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 600, 4).await;
-        envoy.wait_for_stats("four hosts tracked", |s| {
-            s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
-        });
         // 400 req/s in the background for at most 17 s
-        let (load_client, load_url) = (client.clone(), url.clone());
-        let load = tokio::spawn(async move {
-            load::open_loop(&load_client, &load_url, 400.0, 6800, Duration::from_secs(5)).await
-        });
+        let load = four_hosts_tracked_under_load(&client, &envoy, 400.0, 6800).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         sim.set_status(3, Some(503));
         let failing_since = Instant::now();
@@ -349,21 +365,10 @@ fn a_failing_host_is_left_within_2_s_and_back_within_15_s() {
 /// 45 s after it recovered, in two runs of two.
 #[test]
 fn a_host_slow_for_a_moment_gets_its_share_back() {
-    let m = lognormal(3.0, 0.7);
-    let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m.clone()]).unwrap();
-    let envoy = Envoy::start(four_hosts(&sim, r#"{"debug_header": true}"#)).unwrap();
-    let client = load::client();
-    let url = envoy.url("/");
+    let (sim, envoy, client) = four_hosts_learned();
     runtime().block_on(async {
-        common::warm_up(&client, &envoy, "/", 600, 4).await;
-        envoy.wait_for_stats("four hosts tracked", |s| {
-            s.get(&filter_stat_name("hosts_tracked", "backend")) == Some(&4)
-        });
         // 40 req/s in the background for at most 60 s
-        let (load_client, load_url) = (client.clone(), url.clone());
-        let load = tokio::spawn(async move {
-            load::open_loop(&load_client, &load_url, 40.0, 2400, Duration::from_secs(5)).await
-        });
+        let load = four_hosts_tracked_under_load(&client, &envoy, 40.0, 2400).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         sim.set_model(3, lognormal(30.0, 7.0));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -376,7 +381,7 @@ fn a_host_slow_for_a_moment_gets_its_share_back() {
             100.0 * share,
             envoy.filter_stats("backend")
         );
-        sim.set_model(3, m);
+        sim.set_model(3, lognormal(3.0, 0.7));
         let back_after =
             until_back_to_share(&sim, &envoy, 3, (Duration::from_secs(2), 0.12), 45).await;
         eprintln!("host slow for 2 s: back to its share {back_after:?} after");
