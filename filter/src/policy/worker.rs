@@ -1143,14 +1143,11 @@ impl Worker {
             latch.armed = latch.armed.saturating_add(1);
         }
         let reserved = settlement.hedges;
-        let extra = match attempts {
-            Some(a) => a.saturating_sub(1),
-            None => u64::from(reserved),
-        };
         // every extra attempt is charged, also past the hedges reserved:
         // with the route's own retries in `x-envoy-max-retries` Envoy may
         // retry a failure, or hedge again at the next per-try timeout
-        let sent = u32::try_from(extra).unwrap_or(u32::MAX);
+        let sent = extra_attempts(attempts, reserved);
+        let extra = u64::from(sent);
         state.budget.settle(settlement.cohort, reserved, sent);
         if settlement.shadow {
             // the budget as it would have been; nothing was sent
@@ -1184,10 +1181,7 @@ impl Worker {
         if settlement.shadow {
             return;
         }
-        let sent = match attempts {
-            Some(a) => u32::try_from(a.saturating_sub(1)).unwrap_or(u32::MAX),
-            None => settlement.hedges,
-        };
+        let sent = extra_attempts(attempts, settlement.hedges);
         judge_timer(state, &settlement, sent, latency_us, primary_answered);
     }
 
@@ -1984,6 +1978,15 @@ impl Worker {
             });
             state.routes.flush_metrics(sink, &state.name);
         }
+    }
+}
+
+/// The extra attempts Envoy made for a request (`attempts`: its
+/// `upstream.request_attempt_count`), or, not known, the `reserved` ones.
+fn extra_attempts(attempts: Option<u64>, reserved: u32) -> u32 {
+    match attempts {
+        Some(a) => u32::try_from(a.saturating_sub(1)).unwrap_or(u32::MAX),
+        None => reserved,
     }
 }
 
