@@ -61,8 +61,8 @@ pub fn overrides_to_json(
         let value = match kind {
             Kind::Bool => read_bool(raw).ok_or_else(|| error("expected true or false"))?,
             Kind::Number => read_number(raw).ok_or_else(|| error("expected a number"))?,
-            Kind::Text => Value::String(text(raw).ok_or_else(|| error("expected a string"))?),
-            Kind::TextList => read_list(raw).ok_or_else(|| error("expected a list of strings"))?,
+            Kind::Text => Value::String(read_text(raw).map_err(|why| error(&why))?),
+            Kind::TextList => read_list(raw).map_err(|why| error(&why))?,
         };
         object.insert(field, value);
     }
@@ -71,6 +71,22 @@ pub fn overrides_to_json(
 
 fn text(raw: &[u8]) -> Option<String> {
     std::str::from_utf8(raw).ok().map(str::to_string)
+}
+
+/// Text as written. Control bytes are no setting's text: they are a
+/// number or a bool written without quotes (`min_delay: 5`), whose bytes
+/// Envoy passes as they are; the error says so rather than show them.
+fn read_text(raw: &[u8]) -> Result<String, String> {
+    match text(raw) {
+        Some(t) if !t.chars().any(char::is_control) => Ok(t),
+        _ => Err(match (read_number(raw), read_bool(raw)) {
+            (Some(n), _) => {
+                format!("expected a string, got the number {n} (quote it, e.g. \"5ms\")")
+            }
+            (None, Some(b)) => format!("expected a string, got {b} (quote it)"),
+            _ => "expected a string".to_string(),
+        }),
+    }
 }
 
 fn read_bool(raw: &[u8]) -> Option<Value> {
@@ -119,19 +135,24 @@ fn number_like_text(raw: &[u8]) -> bool {
 }
 
 /// A list (pairs whose firsts are the items), or one comma-separated text.
-fn read_list(raw: &[u8]) -> Option<Value> {
-    let items: Vec<String> = match pairs::decode(raw) {
+fn read_list(raw: &[u8]) -> Result<Value, String> {
+    // an empty list is its 4-byte count alone: 8 bytes that decode as
+    // none are a number's
+    let list = pairs::decode(raw).filter(|e| !e.is_empty() || raw.len() == 4);
+    let items: Vec<String> = match list {
         Some(entries) => entries
             .into_iter()
-            .map(|(item, _)| text(item))
-            .collect::<Option<_>>()?,
-        None => text(raw)?
+            .map(|(item, _)| read_text(item))
+            .collect::<Result<_, _>>()
+            .map_err(|why| format!("a list of strings: {why}"))?,
+        None => read_text(raw)
+            .map_err(|why| format!("expected a list of strings: {why}"))?
             .split(',')
             .map(|item| item.trim().to_string())
             .filter(|item| !item.is_empty())
             .collect(),
     };
-    Some(Value::Array(items.into_iter().map(Value::String).collect()))
+    Ok(Value::Array(items.into_iter().map(Value::String).collect()))
 }
 
 /// A value as Envoy serialises it (tests and fuzzing seeds): numbers as
@@ -186,6 +207,23 @@ mod tests {
             overrides_to_json(&encode(&json!({})), kind_of),
             Ok(json!({}))
         );
+    }
+
+    /// A number or a bool written without quotes where text is wanted
+    /// (`min_delay: 5`) arrives as its raw bytes: the error says what was
+    /// given, not the bytes.
+    #[test]
+    fn unquoted_numbers_for_text_are_named() {
+        for (value, said) in [
+            (json!({"min_delay": 5}), "got the number 5 (quote it"),
+            (json!({"min_delay": true}), "got true (quote it)"),
+            (json!({"idempotent_methods": 7}), "got the number 7"),
+            (json!({"idempotent_methods": [7]}), "got the number 7"),
+        ] {
+            let e = overrides_to_json(&encode(&value), kind_of).unwrap_err();
+            assert!(e.why.contains(said), "{value}: {}", e.why);
+            assert!(!e.why.contains('\0'), "{value}: {:?}", e.why);
+        }
     }
 
     /// The bytes Envoy 1.40 returned for

@@ -14,11 +14,12 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::de::{Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::{format_duration, parse_duration};
 use super::shared_state::{MAX_CLUSTER_NAME, MAX_ROUTES, MAX_TRACKED_CLUSTERS};
-use super::window::SLICES;
+use super::window::{SAMPLES_PER_TICK, SLICES};
 use crate::headers::{DEBUG_HEADER, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
 use crate::route_metadata::Kind;
 
@@ -145,11 +146,17 @@ fn percentile_rule(q: f64) -> Result<f64, String> {
     }
 }
 
+/// The least `budget_percent`: a request earns a millionth of a token
+/// (the budget's unit) at it; below, nothing would be earned or armed.
+const MIN_BUDGET_PERCENT: f64 = 0.0001;
+
 fn budget_percent_rule(pct: f64) -> Result<f64, String> {
-    if pct > 0.0 && pct <= 100.0 {
+    if (MIN_BUDGET_PERCENT..=100.0).contains(&pct) {
         Ok(pct)
     } else {
-        Err("must be greater than 0 and at most 100".into())
+        Err(format!(
+            "must be between {MIN_BUDGET_PERCENT} and 100 (a request earns at least a millionth of a token)"
+        ))
     }
 }
 
@@ -362,7 +369,7 @@ macro_rules! settings {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields)]
         struct RawPolicy {
-            $($pf: Option<$pt>,)*
+            $(#[serde(default, deserialize_with = "present")] $pf: Option<$pt>,)*
         }
 
         /// The top level as written: the per-cluster fields are repeated
@@ -371,9 +378,11 @@ macro_rules! settings {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields)]
         struct RawConfig {
+            #[serde(default, deserialize_with = "present")]
             role: Option<Role>,
-            $($pf: Option<$pt>,)*
-            $($gf: Option<$gt>,)*
+            $(#[serde(default, deserialize_with = "present")] $pf: Option<$pt>,)*
+            $(#[serde(default, deserialize_with = "present")] $gf: Option<$gt>,)*
+            #[serde(default, deserialize_with = "unique_clusters")]
             clusters: Option<BTreeMap<String, RawPolicy>>,
         }
 
@@ -520,7 +529,8 @@ settings! {
 }
 
 impl Config {
-    /// Whether any cluster learns per route (else the route's name is never read).
+    /// Whether any cluster learns per route (else a route's name is used
+    /// only for the routes whose metadata overrides the policy).
     pub fn learns_routes(&self) -> bool {
         self.defaults.max_routes > 0 || self.clusters.values().any(|p| p.max_routes > 0)
     }
@@ -604,8 +614,47 @@ impl ClusterPolicy {
         &self,
         prefix: &str,
         raw: &RawPolicy,
+        limits: Limits,
         warnings: &mut Vec<String>,
     ) -> Result<(), ConfigError> {
+        // the window's samples are what the delay is learned from: more
+        // than one worker can put there, and the delay is never learned,
+        // nor do the recent slices ever count after a shift
+        if self.min_samples > limits.window_samples {
+            return Err(error(
+                &format!("{prefix}min_samples"),
+                self.min_samples,
+                format!(
+                    "must be at most {}: a worker samples at most {SAMPLES_PER_TICK} responses of a cluster a tick, and the window holds window / sync_interval ticks",
+                    limits.window_samples
+                ),
+            ));
+        }
+        // an armed request reserves a token for each retry the route may
+        // make, and a quiet worker keeps at most `budget_burst` tokens:
+        // below, such a worker never arms
+        if f64::from(self.route_retries) > self.budget_burst {
+            let (name, value) = match raw.budget_burst.is_some() {
+                true => ("budget_burst", self.budget_burst.to_string()),
+                false => ("route_retries", self.route_retries.to_string()),
+            };
+            return Err(error(
+                &format!("{prefix}{name}"),
+                value,
+                format!(
+                    "budget_burst ({}) must be at least route_retries ({}): an armed request reserves a token for each of the route's retries, and a quiet worker keeps at most budget_burst tokens",
+                    self.budget_burst, self.route_retries
+                ),
+            ));
+        }
+        if (raw.max_hedges.is_some() || raw.budget_burst.is_some())
+            && f64::from(self.max_hedges) > self.budget_burst
+        {
+            warnings.push(format!(
+                "{prefix}max_hedges: {} hedges take as many tokens, and a quiet worker keeps at most budget_burst ({}): its requests get fewer",
+                self.max_hedges, self.budget_burst
+            ));
+        }
         let set_max = raw.max_delay.is_some();
         if self.min_delay > self.max_delay {
             let (name, value) = if set_max {
@@ -704,6 +753,50 @@ fn quoted(text: &str) -> String {
     format!("\"{text}\"")
 }
 
+/// A field that is written has a value: `null` (or an empty YAML value)
+/// is refused, not taken for the default the operator did not mean.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(d)?
+        .map(Some)
+        .ok_or_else(|| D::Error::custom("null is no value: leave the field out for its default"))
+}
+
+/// `clusters`, refusing a name given twice: a JSON object's later key
+/// would silently replace the earlier override.
+fn unique_clusters<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, RawPolicy>>, D::Error> {
+    struct Unique;
+    impl<'de> Visitor<'de> for Unique {
+        type Value = BTreeMap<String, RawPolicy>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of cluster names to overrides")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut clusters = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                if clusters.contains_key(&name) {
+                    return Err(A::Error::custom(format!(
+                        "cluster \"{name}\" is given twice (the later would replace the earlier)"
+                    )));
+                }
+                let policy = map.next_value::<RawPolicy>()?;
+                clusters.insert(name, policy);
+            }
+            Ok(clusters)
+        }
+    }
+    d.deserialize_map(Unique).map(Some)
+}
+
+/// What the plugin-wide settings allow a cluster's policy (`check`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The most latency samples one worker puts into a window:
+    /// `SAMPLES_PER_TICK` a tick, `window / sync_interval` ticks.
+    pub window_samples: u64,
+}
+
 impl Config {
     /// Parses and validates the plugin configuration. Empty (or only white
     /// space) means every default.
@@ -742,18 +835,23 @@ impl Config {
         let mut warnings = Vec::new();
         let top = raw.take_policy();
         let defaults = top.merge_over(&ClusterPolicy::default(), "")?;
-        defaults.check("", &top, &mut warnings)?;
-        if defaults.disabled {
-            warnings.push("\"disabled\": true at the top level turns hedging off for every cluster whose override does not set \"disabled\": false".into());
-        }
         config.admin_cluster_given = raw.admin_cluster.is_some();
         let sync_given = raw.sync_interval.is_some();
         raw.apply_globals(&mut config)?;
         let slice = *config.window / SLICES as u32;
         if !sync_given && *config.sync_interval > slice {
             // the default tick, shortened to fit a window under 1.2 s (the
-            // README allows 1 s): the user wrote no sync_interval to blame
-            config.sync_interval = TextDuration(slice);
+            // README allows 1 s): the user wrote no sync_interval to blame;
+            // whole milliseconds, as Envoy ticks
+            let ms = u64::try_from(slice.as_millis()).unwrap_or(u64::MAX);
+            config.sync_interval = millis(ms);
+        }
+        if config.sync_interval.subsec_nanos() % 1_000_000 != 0 {
+            return Err(error(
+                "sync_interval",
+                quoted(&format_duration(*config.sync_interval)),
+                "must be a whole number of milliseconds (Envoy's tick has millisecond resolution)",
+            ));
         }
         if *config.sync_interval > slice {
             return Err(error(
@@ -764,6 +862,11 @@ impl Config {
                     format_duration(slice),
                 ),
             ));
+        }
+        let limits = config.limits();
+        defaults.check("", &top, limits, &mut warnings)?;
+        if defaults.disabled {
+            warnings.push("\"disabled\": true at the top level turns hedging off for every cluster whose override does not set \"disabled\": false".into());
         }
         if config.latency_signal == LatencySignal::FirstByte {
             warnings.push(format!("latency_signal is first_byte: streamed responses are hedged only on clusters that also run this module with {{\"role\": \"upstream\"}} (it holds armed requests' 2xx headers, marked with {FIRST_BYTE_MARKER}, until the first body byte)"));
@@ -780,7 +883,7 @@ impl Config {
             }
             let prefix = format!("clusters.{name}.");
             let policy = raw_override.merge_over(&defaults, &prefix)?;
-            policy.check(&prefix, &raw_override, &mut warnings)?;
+            policy.check(&prefix, &raw_override, limits, &mut warnings)?;
             config.clusters.insert(name, Arc::new(policy));
         }
         config.defaults = Arc::new(defaults);
@@ -800,6 +903,7 @@ impl Config {
     /// with `prefix`. The route is hedged as its own cluster, so it never
     /// learns per route (`max_routes` is 0).
     pub fn route_policy(
+        &self,
         base: &ClusterPolicy,
         overrides: serde_json::Value,
         prefix: &str,
@@ -808,7 +912,7 @@ impl Config {
         let raw: RawPolicy =
             serde_path_to_error::deserialize(overrides).map_err(|e| path_error(e, prefix))?;
         let mut policy = raw.merge_over(base, prefix)?;
-        policy.check(prefix, &raw, warnings)?;
+        policy.check(prefix, &raw, self.limits(), warnings)?;
         if raw.max_routes.is_some_and(|n| n > 0) {
             warnings.push(format!(
                 "{prefix}max_routes: ignored; a route with its own overrides learns its own delay already"
@@ -816,6 +920,15 @@ impl Config {
         }
         policy.max_routes = 0;
         Ok(policy)
+    }
+
+    /// What the plugin-wide settings allow a cluster's policy.
+    pub fn limits(&self) -> Limits {
+        let ticks = self.window.as_nanos() / self.sync_interval.as_nanos().max(1);
+        let samples = ticks.saturating_mul(u128::from(SAMPLES_PER_TICK));
+        Limits {
+            window_samples: u64::try_from(samples).unwrap_or(u64::MAX),
+        }
     }
 
     /// The policy for a routed cluster: its override, else the defaults.
@@ -1106,6 +1219,100 @@ mod tests {
         }
     }
 
+    /// Settings that pass their own rule but not together, and values
+    /// that used to be taken silently: each refused, naming the field.
+    #[test]
+    fn settings_that_cannot_work_together_are_refused() {
+        let cases = [
+            // null is no value (an empty YAML value is null)
+            (r#"{"percentile": null}"#, "percentile", "null is no value"),
+            (r#"{"role": null}"#, "role", "null is no value"),
+            (
+                r#"{"clusters": {"a": {"min_delay": null}}}"#,
+                "clusters.a.min_delay",
+                "null is no value",
+            ),
+            // a cluster given twice
+            (
+                r#"{"clusters": {"a": {"disabled": true}, "a": {"percentile": 0.99}}}"#,
+                "clusters",
+                "\"a\" is given twice",
+            ),
+            // 256 samples a tick, 150 ticks a window: 38,400 at most
+            (r#"{"min_samples": 38401}"#, "min_samples", "at most 38400"),
+            (
+                r#"{"window": "60s", "sync_interval": "10s", "min_samples": 1537}"#,
+                "min_samples",
+                "at most 1536",
+            ),
+            (
+                r#"{"clusters": {"a": {"min_samples": 100000}}}"#,
+                "clusters.a.min_samples",
+                "at most 38400",
+            ),
+            // a quiet worker could never reserve the route's retries
+            (
+                r#"{"budget_burst": 1, "route_retries": 2}"#,
+                "budget_burst",
+                "must be at least route_retries (2)",
+            ),
+            (
+                r#"{"budget_burst": 2, "clusters": {"a": {"route_retries": 3}}}"#,
+                "clusters.a.route_retries",
+                "must be at least route_retries (3)",
+            ),
+            // rounds to no token at all
+            (
+                r#"{"budget_percent": 0.00004}"#,
+                "budget_percent",
+                "between 0.0001 and 100",
+            ),
+            // Envoy ticks in whole milliseconds
+            (
+                r#"{"sync_interval": "10500us"}"#,
+                "sync_interval",
+                "whole number of milliseconds",
+            ),
+        ];
+        for (json, field, why) in cases {
+            let e = err(json);
+            assert_eq!(e.field, field, "{json}: {e}");
+            assert!(e.to_string().contains(why), "{json}: {e}");
+        }
+        for fine in [
+            r#"{"min_samples": 38400}"#,
+            r#"{"window": "60s", "sync_interval": "10s", "min_samples": 1536}"#,
+            r#"{"budget_burst": 2, "route_retries": 2}"#,
+            r#"{"budget_percent": 0.0001}"#,
+            r#"{"sync_interval": "10ms"}"#,
+        ] {
+            Config::parse(fine.as_bytes()).expect(fine);
+        }
+        // the tick derived for a short window is whole milliseconds too
+        let c = Config::parse(br#"{"window": "1s"}"#).unwrap();
+        assert_eq!(*c.sync_interval, Duration::from_millis(166));
+        // more hedges than a quiet worker keeps tokens: allowed, said
+        let c = Config::parse(br#"{"budget_burst": 2, "max_hedges": 3}"#).unwrap();
+        assert!(
+            c.warnings.iter().any(|w| w.starts_with("max_hedges")),
+            "{:?}",
+            c.warnings
+        );
+        // a route's overrides answer to the same limits
+        let config = Config::parse(b"{}").unwrap();
+        let base = config.policy_for("backend");
+        let json = serde_json::json!({"min_samples": 50000});
+        let e = config
+            .route_policy(
+                &base,
+                json,
+                "filter_metadata.adaptive_hedge.",
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert_eq!(e.field, "filter_metadata.adaptive_hedge.min_samples", "{e}");
+    }
+
     #[test]
     fn error_line_has_value_and_rule() {
         let line = err(r#"{"percentile": 1.5}"#).to_string();
@@ -1170,7 +1377,10 @@ mod tests {
         let prefix = "filter_metadata.adaptive_hedge.";
         let mut warnings = Vec::new();
         let json = serde_json::json!({"max_routes": 4, "percentile": 0.95});
-        let policy = Config::route_policy(&base, json, prefix, &mut warnings).unwrap();
+        let config = Config::parse(b"{}").unwrap();
+        let policy = config
+            .route_policy(&base, json, prefix, &mut warnings)
+            .unwrap();
         assert_eq!(policy.max_routes, 0);
         assert!(
             warnings
@@ -1180,7 +1390,9 @@ mod tests {
         );
         let mut quiet = Vec::new();
         let json = serde_json::json!({"percentile": 0.95});
-        Config::route_policy(&base, json, prefix, &mut quiet).unwrap();
+        config
+            .route_policy(&base, json, prefix, &mut quiet)
+            .unwrap();
         assert!(quiet.is_empty(), "{quiet:?}");
     }
 

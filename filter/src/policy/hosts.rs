@@ -77,7 +77,7 @@
 //!   load-balancing weight (brpc's form: a host of weight 3 may be three
 //!   times as busy before it looks as costly).
 
-use super::membership::Member;
+use super::membership::{self, Member, Serving};
 use super::shared_state::{SharedHost, MAX_COST_LOG, MAX_HOSTS, MAX_HOST_ADDRESS};
 
 /// Share of the gap a sample above the cost closes.
@@ -772,9 +772,22 @@ impl Hosts {
     /// outlier detection), keeps to the healthy ones. Until 2026-11-28 the
     /// filter held none out then, and named hosts Istio had ejected (an
     /// override pick ignores health). Returns the hosts held out.
+    ///
+    /// Where the members span priorities (Istio's locality failover), the
+    /// hosts outside the priority Envoy serves from are held out too, and
+    /// while that priority spills over to the next the filter names no
+    /// host: before, a host of another zone learned during a failover
+    /// stayed the filter's choice after the local ones came back, if it
+    /// answered faster.
     fn weigh(&mut self, members: Option<&[Member]>) -> usize {
-        let panic = members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len());
+        let serving = members.map(membership::serving);
+        let panic = match serving {
+            Some(Serving::Spread) => true,
+            Some(Serving::Only(_)) => false,
+            _ => members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len()),
+        };
         self.panicking = panic;
+        let elsewhere = |m: &Member| matches!(serving, Some(Serving::Only(p)) if m.priority != p);
         let find = |address: &str| {
             members.map(|m| {
                 m.binary_search_by(|m| m.address.as_str().cmp(address))
@@ -796,7 +809,10 @@ impl Hosts {
                 None => (1.0, false),
                 // not in the cluster (any more)
                 Some(None) => (1.0, true),
-                Some(Some(m)) => (f64::from(m.weight.max(1)), !m.healthy && !panic),
+                Some(Some(m)) => (
+                    f64::from(m.weight.max(1)),
+                    (!m.healthy || elsewhere(m)) && !panic,
+                ),
             };
             held_out += usize::from(h.held_out);
         }
@@ -1174,6 +1190,7 @@ mod tests {
         let members: Vec<Member> = ["10.0.0.2:80"]
             .iter()
             .map(|a| Member {
+                priority: 0,
                 address: a.to_string(),
                 weight: 1,
                 healthy: true,
@@ -1402,16 +1419,19 @@ mod tests {
         // 2x slower: not on probation, but p2c never picks it over another
         let hosts = measured(&[1000.0, 1000.0, 1000.0, 2000.0]);
         assert!(!hosts.get(3).unwrap().probation);
-        let mut to_slow = 0;
+        let (mut to_slow, mut picked) = (0, 0);
         let mut state = 11u64;
         for _ in 0..10_000 {
             state = mix(state);
             if let Some(pick) = hosts.choose(2, state, false) {
+                picked += 1;
                 to_slow += usize::from(pick.primary == 3);
                 assert_eq!(pick.hedge, None);
             }
         }
         assert_eq!(to_slow, 0);
+        // all but the exploration share (1%) were chosen
+        assert!(picked >= 9_800, "{picked} chosen");
     }
 
     #[test]
@@ -1474,14 +1494,16 @@ mod tests {
             }
         }
         assert_eq!(hosts.take_override_checks(), (15, 0));
-        let mut state = 5u64;
+        let (mut state, mut picked) = (5u64, 0);
         for _ in 0..2000 {
             state = mix(state);
             if let Some(pick) = hosts.choose(2, state, true) {
+                picked += 1;
                 assert_ne!(pick.primary, 1);
                 assert_ne!(pick.hedge, Some(1));
             }
         }
+        assert!(picked >= 1_900, "{picked} chosen");
         hosts.answered(1);
         assert!((0..2000u64).any(|r| hosts.choose(2, mix(r), false).map(|p| p.primary) == Some(1)));
         // a cluster that ignores the header: misses on most named hosts
@@ -1741,12 +1763,62 @@ mod tests {
         assert!(check.ignored());
     }
 
+    /// A host of another locality (Istio's failover: priority 1), the
+    /// fastest, learned while it served: held out while the local hosts
+    /// take all the traffic, and no host named while they spill over.
+    #[test]
+    fn hosts_outside_the_priority_envoy_serves_from_are_held_out() {
+        let (mut hosts, shared) = measured_with(&[2000.0, 2000.0, 2000.0, 500.0]);
+        let member = |i: usize, healthy: bool, priority: u32| Member {
+            address: format!("10.0.0.{i}:80"),
+            weight: 1,
+            healthy,
+            priority,
+        };
+        let said = [
+            member(0, true, 0),
+            member(1, true, 0),
+            member(2, true, 0),
+            member(3, true, 1),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 1);
+        let picks: Vec<HostPick> = (0..200u64)
+            .filter_map(|r| hosts.choose(2, mix(r), true))
+            .collect();
+        assert!(picks.len() > 150);
+        assert!(
+            picks.iter().all(|p| p.primary != 3 && p.hedge != Some(3)),
+            "{picks:?}"
+        );
+        // one local host down: the rest spill to the other locality
+        let said = [
+            member(0, false, 0),
+            member(1, true, 0),
+            member(2, true, 0),
+            member(3, true, 1),
+        ];
+        hosts.refresh(&shared, Some(&said));
+        assert!((0..200u64).all(|r| hosts.choose(2, mix(r), true).is_none()));
+        // without priorities, the fastest host is chosen (the control)
+        let said = [
+            member(0, true, 0),
+            member(1, true, 0),
+            member(2, true, 0),
+            member(3, true, 0),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 0);
+        assert!((0..200u64)
+            .filter_map(|r| hosts.choose(2, mix(r), true))
+            .any(|p| p.primary == 3));
+    }
+
     #[test]
     fn envoy_s_word_holds_hosts_out_and_weighs_them_short_of_its_panic_threshold() {
         let (mut hosts, shared) = measured_with(&[2000.0, 2000.0, 2000.0, 2000.0]);
         let shared_four = shared.clone();
         let address = |i: usize| format!("10.0.0.{i}:80");
         let member = |i: usize, weight: u32, healthy: bool| Member {
+            priority: 0,
             address: address(i),
             weight,
             healthy,
@@ -1795,11 +1867,13 @@ mod tests {
         v6.merge_into(&mut shared, T0, None);
         let said = [
             Member {
+                priority: 0,
                 address: "[::1]:80".into(),
                 weight: 1,
                 healthy: true,
             },
             Member {
+                priority: 0,
                 address: "[fe80::2]:80".into(),
                 weight: 1,
                 healthy: false,

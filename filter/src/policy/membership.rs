@@ -29,7 +29,8 @@ use std::collections::BTreeMap;
 use super::shared_state::{DecodeError, Reader, MAX_HOST_ADDRESS};
 
 const MAGIC: &[u8; 3] = b"AHM";
-const VERSION: u8 = 2;
+/// The shared value's encoding (also in its key: `shared_state::membership_key`).
+pub const VERSION: u8 = 3;
 /// A cluster with more hosts than this is left out of the read (its hosts
 /// are chosen as without it): the value stays bounded.
 pub const MAX_MEMBERS: usize = 1024;
@@ -70,6 +71,50 @@ pub struct Member {
     /// None of Envoy's health flags keeps its balancer off the host
     /// (`EXCLUDING_FLAGS`).
     pub healthy: bool,
+    /// The host's priority (0 the first; Istio puts other localities'
+    /// hosts at 1, 2... when it fails over between them).
+    pub priority: u32,
+}
+
+/// Envoy's default overprovisioning factor: a priority takes all the
+/// traffic while at least 1/1.4 of its hosts are healthy.
+const OVERPROVISIONING: f64 = 1.4;
+
+/// Where Envoy's balancer sends a cluster's traffic, by its members'
+/// priorities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// One priority: every member.
+    All,
+    /// Several, and the first has enough healthy hosts to take all of it:
+    /// only those at this priority (a host of another locality is never
+    /// named while the local ones serve).
+    Only(u32),
+    /// Several, and the first spills over to the next: Envoy splits the
+    /// traffic between them by their health, which the filter leaves to it.
+    Spread,
+}
+
+/// Where Envoy sends `members`' traffic (`Serving`): the priority load
+/// with the default overprovisioning, counted by hosts as Envoy does. A
+/// priority with no healthy host takes nothing; the first with some takes
+/// everything if it has enough.
+pub fn serving(members: &[Member]) -> Serving {
+    let mut priorities: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for m in members {
+        let (total, healthy) = priorities.entry(m.priority).or_default();
+        *total += 1;
+        *healthy += usize::from(m.healthy);
+    }
+    if priorities.len() <= 1 {
+        return Serving::All;
+    }
+    match priorities.iter().find(|(_, (_, healthy))| *healthy > 0) {
+        Some((&p, &(total, healthy))) if OVERPROVISIONING * healthy as f64 >= total as f64 => {
+            Serving::Only(p)
+        }
+        _ => Serving::Spread,
+    }
 }
 
 /// What outlier detection on a cluster makes of a hedge's per-try timeout,
@@ -179,6 +224,7 @@ impl Membership {
                 out.extend_from_slice(m.address.as_bytes());
                 out.extend_from_slice(&m.weight.to_le_bytes());
                 out.push(u8::from(m.healthy));
+                out.extend_from_slice(&m.priority.to_le_bytes());
             }
         }
         out
@@ -228,10 +274,12 @@ impl Membership {
                     1 => true,
                     _ => return Err(DecodeError::Corrupt("health flag")),
                 };
+                let priority = r.u32()?;
                 members.push(Member {
                     address,
                     weight,
                     healthy,
+                    priority,
                 });
             }
             clusters.insert(name, members);
@@ -281,7 +329,7 @@ pub fn parse_admin_clusters(
         let Some((address, fact)) = head.rsplit_once("::") else {
             continue;
         };
-        if (fact != "weight" && fact != "health_flags")
+        if !["weight", "health_flags", "priority"].contains(&fact)
             || address.is_empty()
             || address.len() > MAX_HOST_ADDRESS
         {
@@ -296,6 +344,7 @@ pub fn parse_admin_clusters(
                     address: address.to_string(),
                     weight: 1,
                     healthy: true,
+                    priority: 0,
                 });
                 let Some(last) = members.last_mut() else {
                     continue;
@@ -306,6 +355,8 @@ pub fn parse_admin_clusters(
         if fact == "weight" {
             // any uint32 from 1 (v3 `load_balancing_weight`)
             member.weight = value.trim().parse::<u32>().unwrap_or(1).max(1);
+        } else if fact == "priority" {
+            member.priority = value.trim().parse::<u32>().unwrap_or(0);
         } else {
             member.healthy = !value
                 .split('/')
@@ -315,17 +366,19 @@ pub fn parse_admin_clusters(
     clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
     let mut bytes = 0usize;
     clusters.retain(|name, members| {
-        let size = 5 + name.len() + members.iter().map(|m| 6 + m.address.len()).sum::<usize>();
+        let size = 5 + name.len() + members.iter().map(|m| 10 + m.address.len()).sum::<usize>();
         bytes = bytes.saturating_add(size);
         bytes <= MAX_VALUE_BYTES
     });
     for members in clusters.values_mut() {
         members.sort_by(|a, b| a.address.cmp(&b.address));
-        // a host listed twice (two priorities) is healthy only if both say so
+        // a host listed twice (two priorities) is healthy only if both
+        // say so, and served at the first
         members.dedup_by(|later, kept| {
             let same = later.address == kept.address;
             if same {
                 kept.healthy &= later.healthy;
+                kept.priority = kept.priority.min(later.priority);
             }
             same
         });
@@ -521,6 +574,7 @@ other::10.0.0.1:80::weight::7
     fn the_admin_text_gives_each_host_its_weight_and_health() {
         let clusters = parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true);
         let member = |a: &str, w: u32, h: bool| Member {
+            priority: 0,
             address: a.into(),
             weight: w,
             healthy: h,
@@ -538,6 +592,65 @@ other::10.0.0.1:80::weight::7
             Some(&vec![member("10.0.0.1:80", 7, true)])
         );
         assert_eq!(clusters.len(), 2);
+    }
+
+    /// Istio's locality failover puts the other zones' hosts at priority
+    /// 1, 2...: while the first priority has enough healthy hosts, Envoy
+    /// sends it everything, and so must the filter; past that it spills.
+    #[test]
+    fn the_priorities_say_where_envoy_sends_the_traffic() {
+        let text = "\
+c::10.0.0.1:80::health_flags::healthy\nc::10.0.0.1:80::priority::0
+c::10.0.0.2:80::health_flags::healthy\nc::10.0.0.2:80::priority::0
+c::10.0.0.3:80::health_flags::healthy\nc::10.0.0.3:80::priority::0
+c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
+";
+        let clusters = parse_admin_clusters(text.as_bytes(), |_| true);
+        let c = clusters["c"].clone();
+        assert_eq!(
+            c.iter().map(|m| m.priority).collect::<Vec<_>>(),
+            [0, 0, 0, 1]
+        );
+        assert_eq!(serving(&c), Serving::Only(0));
+        // one of three down: 2/3 x 1.4 is 93%, the rest spills to the next
+        let mut one_down = c.clone();
+        one_down[0].healthy = false;
+        assert_eq!(serving(&one_down), Serving::Spread);
+        // of four, one down: 3/4 x 1.4 covers it all
+        let mut four = c.clone();
+        four[3].priority = 0;
+        four.push(Member {
+            address: "10.1.0.2:80".into(),
+            weight: 1,
+            healthy: true,
+            priority: 1,
+        });
+        four[0].healthy = false;
+        assert_eq!(serving(&four), Serving::Only(0));
+        // every local host down: the other locality takes it all
+        let mut failed_over = c.clone();
+        for m in &mut failed_over[..3] {
+            m.healthy = false;
+        }
+        assert_eq!(serving(&failed_over), Serving::Only(1));
+        failed_over[3].healthy = false;
+        assert_eq!(serving(&failed_over), Serving::Spread);
+        // one priority, or none listed: every member
+        assert_eq!(serving(&c[..3]), Serving::All);
+        assert_eq!(serving(&[]), Serving::All);
+        // shared with the priorities
+        let value = Membership {
+            read_ms: 1,
+            claimed_ms: 1,
+            clusters: clusters.clone(),
+            outlier_detection: BTreeMap::new(),
+        };
+        assert_eq!(Membership::decode(&value.encode()), Ok(value));
+        // its key names the encoding: an older filter's value is apart
+        let geometry =
+            crate::policy::window::WindowGeometry::new(std::time::Duration::from_secs(30));
+        let key = crate::policy::shared_state::membership_key(geometry);
+        assert!(key.ends_with(&format!("_v{VERSION}")), "{key}");
     }
 
     #[test]
@@ -617,12 +730,12 @@ other::10.0.0.1:80::weight::7
         );
         // an address longer than any the filter tracks does not decode
         // (encoding would drop it: the round trip must hold)
-        let mut long = b"AHM\x02".to_vec();
+        let mut long = vec![b'A', b'H', b'M', VERSION];
         long.extend_from_slice(&[0; 16]);
         long.extend_from_slice(&1u32.to_le_bytes());
         long.extend_from_slice(&[1, 0, b'c', 0, 1, 0, 200]);
         long.extend_from_slice(&[b'a'; 200]);
-        long.extend_from_slice(&[1, 0, 0, 0, 1]);
+        long.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0, 0]);
         assert_eq!(
             Membership::decode(&long),
             Err(DecodeError::Corrupt("address too long"))

@@ -91,7 +91,9 @@ pub fn registry_key(geometry: WindowGeometry) -> String {
 
 /// The admin interface's last read (`membership`).
 pub fn membership_key(geometry: WindowGeometry) -> String {
-    format!("{}admin_membership", key_prefix(geometry))
+    // its own encoding's version (`membership::VERSION`): a filter of the
+    // last version beside this one, during a reload, keeps its own value
+    format!("{}admin_membership_v3", key_prefix(geometry))
 }
 
 /// A cluster's shared value.

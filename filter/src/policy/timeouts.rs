@@ -229,6 +229,16 @@ impl ArmedRequests {
         }
     }
 
+    /// The policy changed (a route's overrides, over xDS): the share of
+    /// armed requests planned to fire, and what reads as stale, follow it;
+    /// the reading starts again from the new plan.
+    pub fn replan(&mut self, planned_fire_share: f64) {
+        let planned = planned_fire_share.clamp(0.0, 1.0);
+        self.planned = planned;
+        self.stale_above = (3.0 * planned).clamp(STALE_MIN, STALE_MAX);
+        self.new_reading();
+    }
+
     /// The delay was found stale and the worker stopped arming with it:
     /// what the requests armed before do from now on says nothing of the
     /// delay the next ones get; the reading starts again from the plan.
@@ -688,6 +698,35 @@ mod tests {
             fires += 1;
             assert!(fires < 30, "not taken as a brownout");
         }
+    }
+
+    /// A route's overrides changed to hedge at its p34: what reads as
+    /// stale follows the new plan (built for the p94, two armed requests
+    /// of three firing read as a brownout).
+    #[test]
+    fn a_new_plan_moves_what_reads_as_stale() {
+        let mut hosts = three_hosts();
+        let run = |armed: &mut ArmedRequests, hosts: &mut Hosts| {
+            for i in 0..400u64 {
+                armed.armed(i * MS, MS, pick(0, 1));
+                let fires = i % 3 != 0;
+                let latency_us = if fires { 1_500 } else { 500 };
+                let attempts = Some(1 + u64::from(fires));
+                armed.ended(i * MS, attempts, Ended::After(latency_us), hosts);
+                if armed.stale() {
+                    return true;
+                }
+            }
+            false
+        };
+        assert!(
+            run(&mut ArmedRequests::new(0.06), &mut hosts),
+            "the old plan"
+        );
+        let mut armed = ArmedRequests::new(0.06);
+        armed.replan(0.66);
+        assert_eq!(armed.stale_above, ArmedRequests::new(0.66).stale_above);
+        assert!(!run(&mut armed, &mut hosts), "the new plan");
     }
 
     #[test]

@@ -12,6 +12,14 @@ use std::time::Duration;
 
 use super::sketch::Sketch;
 
+/// Latency samples a worker takes per tick and cluster, about (1,280/s at
+/// the default 200 ms tick; a 30 s window then holds up to ~38,000 per
+/// worker). Past that rate every `stride`-th request of the sampled
+/// population is a sample, the stride set on each tick from the last tick's
+/// count: samples spread over the whole tick, not the first requests of it
+/// (a burst at the start of a tick, as after a stall, is not the tick).
+pub const SAMPLES_PER_TICK: u32 = 256;
+
 /// Number of slices in a window: a 30 s window ages out in 5 s steps.
 pub const SLICES: usize = 6;
 

@@ -33,7 +33,7 @@ use super::shared_state::{
 };
 use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
-use super::window::WindowGeometry;
+use super::window::{WindowGeometry, SAMPLES_PER_TICK};
 use crate::route_metadata::overrides_to_json;
 use crate::route_metadata_cache::RouteMetadataCache;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
@@ -52,14 +52,6 @@ const CAS_ATTEMPTS: u32 = 8;
 /// A worker's local cluster table holds up to this many times `max_clusters`
 /// names (tracked, pending or refused by the shared registry).
 const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
-
-/// Latency samples a worker takes per tick and cluster, about (1,280/s at
-/// the default 200 ms tick; a 30 s window then holds up to ~38,000 per
-/// worker). Past that rate every `stride`-th request of the sampled
-/// population is a sample, the stride set on each tick from the last tick's
-/// count: samples spread over the whole tick, not the first requests of it
-/// (a burst at the start of a tick, as after a stall, is not the tick).
-pub const SAMPLES_PER_TICK: u32 = 256;
 
 /// Idle clusters a worker evicts per tick at most (it reads a value for
 /// each one it checks, up to four times as many).
@@ -855,20 +847,23 @@ impl Worker {
             route_name.to_string()
         };
         let name = format!("{cluster_name}.route.{suffix}");
-        let base = self.config.policy_for(cluster_name);
+        let config = Arc::clone(&self.config);
+        let base = config.policy_for(cluster_name);
         let prefix = "filter_metadata.adaptive_hedge.";
         let mut warnings = Vec::new();
         let policy = overrides_to_json(metadata, policy_field_kind)
             .map_err(|e| format!("{prefix}{}: {}", e.field, e.why))
             .and_then(|json| {
-                Config::route_policy(&base, json, prefix, &mut warnings).map_err(|e| {
-                    let value = if e.value.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" = {}", e.value)
-                    };
-                    format!("{}{value}: {}", e.field, e.rule)
-                })
+                config
+                    .route_policy(&base, json, prefix, &mut warnings)
+                    .map_err(|e| {
+                        let value = if e.value.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" = {}", e.value)
+                        };
+                        format!("{}{value}: {}", e.field, e.rule)
+                    })
             });
         // The glue reads responses' hosts and writes the host header only
         // when the configuration chooses hosts somewhere (a client's header
@@ -899,6 +894,10 @@ impl Worker {
                 Some(&id) => {
                     if let Some(state) = self.clusters.get_mut(id) {
                         state.budget.retune(budget_terms(&policy));
+                        // what counts as stale follows the new plan, and a
+                        // latch judged under the old one goes
+                        state.armed.replan(1.0 - trigger_quantile(&policy));
+                        state.stale = None;
                         state.policy = Arc::new(policy);
                     }
                     Some(id)
@@ -4002,15 +4001,19 @@ c::h2::weight::1
         }
         assert!(named_h1 >= 50, "h1 named {named_h1} times before the tick");
         w.sync(T0 + 200, &store, &mut log);
+        let mut named = 0;
         for _ in 0..1000 {
             let plan = w.plan(Some(b"c"), None, &GET);
             if let Some(endpoint) = &plan.endpoint {
+                named += 1;
                 assert!(!endpoint.contains("h1"), "{endpoint}");
             }
             if let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) {
                 w.end_pick(id, pick);
             }
         }
+        // the other hosts are still named (the tick forgot none of them)
+        assert!(named >= 900, "{named} of 1000 named a host");
         assert!(log.0.is_empty(), "{:?}", log.0);
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);

@@ -1564,7 +1564,10 @@ mod tests {
         request(&plugin).on_request_headers();
         // four chosen requests in a row: one reads which host answered
         let mut chosen = Vec::new();
+        let mut tries = 0;
         while chosen.len() < ADDRESS_CHECK_EVERY as usize {
+            tries += 1;
+            assert!(tries < 100, "no host chosen in {tries} requests");
             host.request(Some("backend"), GET);
             host.set_property(ROUTE_NAME, b"default");
             let mut r = request(&plugin);

@@ -1252,7 +1252,7 @@ fn instructions_section(
     configs.push((
         "adaptive-hedge in first-byte mode (both roles)",
         EnvoyOptions::new("envoy-streaming.yaml", &[0; 3]).edit(
-            r#"value: "{\"latency_signal\": \"first_byte\"}""#,
+            r#"value: "{\"latency_signal\": \"first_byte\", \"host_choice\": false}""#,
             r#"value: "{\"latency_signal\": \"first_byte\", \"min_delay\": \"1s\", \"max_delay\": \"1s\", \"min_samples\": 10}""#,
         ),
     ));

@@ -29,7 +29,8 @@ pub enum Proxy {
 }
 
 /// The downstream plugin config `envoy-streaming.yaml` ships with.
-const STREAMING_DOWNSTREAM: &str = r#"value: "{\"latency_signal\": \"first_byte\"}""#;
+const STREAMING_DOWNSTREAM: &str =
+    r#"value: "{\"latency_signal\": \"first_byte\", \"host_choice\": false}""#;
 
 impl Proxy {
     pub fn adaptive_defaults() -> Self {

@@ -590,6 +590,22 @@ fn istio_manifests_configure_the_filter_and_what_hedging_needs() {
         ),
         adaptive_hedge::headers::ENDPOINT_HEADER
     );
+    // the ingress gateway's plugin chooses hosts too: its clusters get the
+    // policy (the GATEWAY context, its pods' labels)
+    let gateway_patch = of_kind(&docs, "EnvoyFilter").into_iter().find(|f| {
+        let at = |path: &str| get(f, path).as_str();
+        at("metadata.name") == Some("adaptive-hedge-host-choice")
+            && at("spec.configPatches.0.match.context") == Some("GATEWAY")
+            && at("spec.workloadSelector.labels.istio") == Some("ingressgateway")
+            && at("spec.workloadSelector.labels.adaptive-hedge") == Some("gateway")
+    });
+    assert!(
+        gateway_patch
+            .is_some_and(
+                |g| get(g, "spec.configPatches.0.patch.value.load_balancing_policy") == policy
+            ),
+        "no host-choice patch for the ingress gateway's clusters"
+    );
     let mut bootstrap: Value = serde_norway::from_str(
         &std::fs::read_to_string(repo_root().join("envoy-configs/envoy-baseline.yaml")).unwrap(),
     )

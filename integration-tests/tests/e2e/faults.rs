@@ -195,10 +195,10 @@ fn refused_connections_and_no_healthy_host() {
     let ports = [sim.ports()[0], sim.ports()[1], dead];
     let (client, rt) = (load::client(), runtime());
     let base = baseline(&ports);
-    let with = adaptive(&ports, QUICK);
-    warm_tolerant(&rt, &client, &with);
+    let one_dead = adaptive(&ports, QUICK);
+    warm_tolerant(&rt, &client, &one_dead);
     let expected = statuses(&rt, &client, &base, 90, &[]);
-    let got = statuses(&rt, &client, &with, 90, &[]);
+    let got = statuses(&rt, &client, &one_dead, 90, &[]);
     println!("one host refuses: without {expected:?}, with {got:?}");
     let errors = |m: &BTreeMap<u16, usize>| {
         m.iter()
@@ -206,7 +206,14 @@ fn refused_connections_and_no_healthy_host() {
             .map(|(_, n)| n)
             .sum::<usize>()
     };
-    assert!(errors(&got) <= errors(&expected), "{got:?} vs {expected:?}");
+    // round robin without retries fails about a third; armed requests
+    // retry a refused connection, and the filter names the other hosts
+    assert!(
+        errors(&got) <= (errors(&expected) / 4).max(3),
+        "{got:?} vs {expected:?}; {}",
+        one_dead.filter_stats("backend")
+    );
+    one_dead.assert_no_vm_failure();
 
     // no healthy host at all: 503 from Envoy, with or without the filter;
     // local replies are not latency samples
@@ -239,6 +246,12 @@ fn warm_tolerant(rt: &tokio::runtime::Runtime, client: &Client, envoy: &Envoy) {
 #[test]
 fn clients_that_disconnect_mid_request() {
     let (sim, envoy, client, rt) = warmed(quick);
+    let sent = || {
+        envoy
+            .filter_stat("hedges_sent_total", "backend")
+            .unwrap_or(0)
+    };
+    let sent_before = sent();
     rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..40 {
@@ -264,6 +277,15 @@ fn clients_that_disconnect_mid_request() {
     let after = statuses(&rt, &client, &envoy, 30, &[]);
     assert_eq!(after.get(&200).copied(), Some(30), "{after:?}");
     assert_books_balance(&envoy);
+    // abandoned requests were armed and hedged (their 400 ms primary
+    // outlived the delay; the budget's burst arms about half of the 40
+    // at once), and each hedge was paid
+    assert!(
+        sent() >= sent_before + 5,
+        "of 40 abandoned requests, {} hedged: {}",
+        sent() - sent_before,
+        envoy.filter_stats("backend")
+    );
     envoy.assert_no_vm_failure();
 }
 
@@ -479,6 +501,13 @@ fn a_vm_fault_under_fail_open_lets_requests_through() {
     assert!(
         !after.contains_key(&200),
         "FAIL_CLOSED fails requests after a fault: {after:?}"
+    );
+    // failed by the trap, not by a VM that never loaded
+    let log = closed.log();
+    assert!(
+        log.contains("adaptive-hedge 0.1.0 configured")
+            && log.contains("Function: proxy_on_request_headers failed"),
+        "the FAIL_CLOSED VM loaded and trapped:\n{log}"
     );
 }
 

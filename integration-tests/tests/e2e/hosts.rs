@@ -196,6 +196,8 @@ fn envoy_follows_the_header_beside_a_legacy_lb_policy() {
     });
     sim.settle(Duration::from_secs(3));
     assert_eq!(sim.counts()[1].arrivals, 30, "{:?}", sim.counts());
+    // the filter saw them, and left the operator's header alone
+    envoy.requests_seen("backend", 30);
     envoy.assert_no_vm_failure();
 }
 
@@ -526,6 +528,129 @@ fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
     envoy.assert_no_vm_failure();
 }
 
+/// Istio's locality failover, in a static cluster: three local hosts at
+/// priority 0, health-checked on a fifth port (the simulator's last host),
+/// and a faster one of another locality at priority 1. While the local
+/// health checks fail Envoy sends everything to the other locality, and
+/// the filter learns that host, the fastest. Once the local hosts pass
+/// again Envoy serves from them alone, and so must the filter: before, it
+/// kept naming the other locality's host for its latency (an override
+/// pick ignores priorities), for good.
+#[test]
+fn a_host_of_another_priority_is_not_named_once_the_first_serves_again() {
+    let local = lognormal(3.0, 0.7);
+    let sim = Simulator::start(vec![
+        local.clone(),
+        local.clone(),
+        local,
+        lognormal(1.0, 0.2),
+        lognormal(1.0, 0.2),
+    ])
+    .unwrap();
+    let ports = sim.ports().to_vec();
+    let endpoint = |p: u16| {
+        format!("- endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}")
+    };
+    let checked = |p: u16| {
+        format!("- endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }}, health_check_config: {{ port_value: {} }} }}", ports[4])
+    };
+    // the local health checks fail from the start
+    sim.set_status(4, Some(503));
+    let mut options = EnvoyOptions::new("envoy.yaml", &ports[..4])
+        .plugin_config(
+            r#"{"debug_header": true, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#,
+        )
+        .four_backend_hosts()
+        .edit(
+            &format!("\n              {}", endpoint(ports[3])),
+            &format!(
+                "\n          - priority: 1\n            lb_endpoints:\n              {}",
+                endpoint(ports[3])
+            ),
+        )
+        .edit(
+            "    - name: backend\n      type: STATIC\n",
+            "    - name: backend\n      type: STATIC\n      health_checks:\n        - timeout: 1s\n          interval: 0.3s\n          no_traffic_interval: 0.3s\n          unhealthy_threshold: 1\n          healthy_threshold: 1\n          http_health_check: { path: /healthz }\n",
+        );
+    for &p in &ports[..3] {
+        options = options.edit(&endpoint(p), &checked(p));
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let client = load::client();
+    let url = envoy.url("/");
+    let gauge = |s: &std::collections::HashMap<String, i64>, name: &str| {
+        s.get(&filter_stat_name(name, "backend")).copied()
+    };
+    runtime().block_on(async {
+        // failed over: the other locality serves, and the filter learns it
+        let before = sim.counts();
+        common::warm_up(&client, &envoy, "/", 600, 4).await;
+        let (failover_share, _) = share_between(&before[..4], &sim.counts()[..4], 3);
+        assert!(
+            failover_share >= 0.9,
+            "Envoy did not fail over to priority 1: {:?}",
+            sim.counts()
+        );
+        envoy.wait_for_stats("the other locality's host tracked, the admin interface read", |s| {
+            gauge(s, "hosts_tracked").is_some_and(|n| n >= 1)
+                && s.get("wasmcustom.adaptive_hedge.admin_reads_total")
+                    .is_some_and(|n| *n > 0)
+        });
+        // the local hosts pass their checks again
+        sim.set_status(4, None);
+        let back_since = Instant::now();
+        let mut rounds = 0;
+        while gauge(&envoy.stats(), "hosts_held_out") != Some(1) {
+            rounds += 1;
+            assert!(
+                rounds <= 80,
+                "the other locality's host not held out {:?} after the local ones came back: {:?}; {}",
+                back_since.elapsed(),
+                sim.counts(),
+                envoy.filter_stats("backend")
+            );
+            let r = load::closed_loop(&client, &url, 4, 100, Duration::from_secs(5)).await;
+            assert_eq!(r.ok(), 100, "{}", r.summary());
+        }
+        eprintln!("held out {:?} after the local hosts came back", back_since.elapsed());
+        // every worker looks at the admin interface's read once a second
+        let held_out_at = Instant::now();
+        while held_out_at.elapsed() < Duration::from_millis(1500) {
+            let r = load::closed_loop(&client, &url, 4, 100, Duration::from_secs(5)).await;
+            assert_eq!(r.ok(), 100, "{}", r.summary());
+        }
+        let before = sim.counts();
+        let run = load::closed_loop(&client, &url, 4, 2000, Duration::from_secs(5)).await;
+        assert_eq!(run.ok(), 2000, "{}", run.summary());
+        let (share, total) = share_between(&before[..4], &sim.counts()[..4], 3);
+        eprintln!("the other locality's host: {:.2}% of {total}", 100.0 * share);
+        assert!(
+            share <= 0.02,
+            "the other locality's host got {:.2}% of {total}: {:?}; {}",
+            100.0 * share,
+            sim.counts(),
+            envoy.filter_stats("backend")
+        );
+        assert!(
+            gauge(&envoy.stats(), "hosts_tracked").is_some_and(|n| n >= 3),
+            "the local hosts were not learned: {}",
+            envoy.filter_stats("backend")
+        );
+    });
+    let (_, clusters) = envoy.admin("/clusters").unwrap();
+    assert!(
+        clusters.contains(&format!("backend::127.0.0.1:{}::priority::1", ports[3])),
+        "Envoy does not list the fourth host at priority 1: {clusters}"
+    );
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.adaptive_hedge.admin_read_failures_total")
+            .unwrap_or(0),
+        0
+    );
+    envoy.assert_no_vm_failure();
+}
+
 /// The backend cluster from an EDS file in `dir` listing `ports`, written
 /// the way Envoy's file watch sees it: a new file moved into place.
 fn write_eds(dir: &Path, ports: &[u16]) {
@@ -599,6 +724,7 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
         // tests of `Hosts::take_override_checks` and of the worker cover
         // the low rates
         let (mut last_named, mut since_last_named, mut requests) = (None, 0, 0);
+        let mut naming = 0;
         let url = envoy.url("/");
         while since_last_named < 500 {
             let get = || request(&client, "GET", &url, &[]);
@@ -608,6 +734,7 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
                 assert_eq!(reply.status, 200);
                 requests += 1;
                 let (named, _) = common::hosts_of(&reply);
+                naming += usize::from(named.is_some());
                 if named.is_some_and(|n| n.contains(&removed)) {
                     since_last_named = 0;
                     last_named = Some(removed_at.elapsed());
@@ -624,6 +751,11 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
         assert!(
             last_named.is_none_or(|t| t < Duration::from_secs(3)),
             "named {last_named:?} after its removal"
+        );
+        // the other hosts were named all along (not a filter that names none)
+        assert!(
+            naming * 10 >= requests * 8,
+            "{naming} of {requests} replies named a host"
         );
         // forgotten by the shared table once silent for FORGET_MS
         let deadline = Instant::now() + Duration::from_secs(15);
