@@ -10,6 +10,8 @@
 //! `BENCH_ONLY=instructions` (callgrind):
 //! just that section, printed. `BENCH_SCENARIOS=steady,shift`: only the
 //! real-Envoy scenarios whose names start so (no closed loop, no cost).
+//! `BENCH_STATICS=10,30` (`BENCH_STATICS=` for none): the fixed delays
+//! swept; `ADAPTIVE_HEDGE_WASM=<file>`: another build of the module.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -68,6 +70,19 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Settings {
+        let mut s = Settings::sized();
+        // `BENCH_STATICS=10,30` (or "" for none): the fixed delays swept,
+        // for a quicker look at the filter beside a few of them
+        if let Ok(list) = std::env::var("BENCH_STATICS") {
+            s.statics = list
+                .split(',')
+                .filter_map(|d| d.trim().parse().ok())
+                .collect();
+        }
+        s
+    }
+
+    fn sized() -> Settings {
         let quick = std::env::var_os("BENCH_QUICK").is_some_and(|v| v != "0");
         let runs = std::env::var("BENCH_RUNS")
             .ok()
