@@ -73,19 +73,21 @@ fn text(raw: &[u8]) -> Option<String> {
     std::str::from_utf8(raw).ok().map(str::to_string)
 }
 
-/// Text as written. Control bytes are no setting's text: they are a
-/// number or a bool written without quotes (`min_delay: 5`), whose bytes
-/// Envoy passes as they are; the error says so rather than show them.
+/// Text as written. A value with control bytes that reads as a number or
+/// a bool is one written without quotes (`min_delay: 5`), whose bytes
+/// Envoy passes as they are: the error says so rather than show them.
+/// Other text (a YAML block's "5ms\n") is left to the setting's rule.
 fn read_text(raw: &[u8]) -> Result<String, String> {
-    match text(raw) {
-        Some(t) if !t.chars().any(char::is_control) => Ok(t),
-        _ => Err(match (read_number(raw), read_bool(raw)) {
-            (Some(n), _) => {
-                format!("expected a string, got the number {n} (quote it, e.g. \"5ms\")")
-            }
-            (None, Some(b)) => format!("expected a string, got {b} (quote it)"),
-            _ => "expected a string".to_string(),
-        }),
+    let t = text(raw).ok_or("expected a string")?;
+    if !t.chars().any(char::is_control) {
+        return Ok(t);
+    }
+    match (read_number(raw), read_bool(raw)) {
+        (Some(n), _) => Err(format!(
+            "expected a string, got the number {n} (quote it, e.g. \"5ms\")"
+        )),
+        (None, Some(b)) => Err(format!("expected a string, got {b} (quote it)")),
+        _ => Ok(t),
     }
 }
 

@@ -618,33 +618,24 @@ impl ClusterPolicy {
         warnings: &mut Vec<String>,
     ) -> Result<(), ConfigError> {
         // the window's samples are what the delay is learned from: more
-        // than one worker can put there, and the delay is never learned,
+        // than one worker can put there are reached only with several
+        // workers at full rate; short of them the delay is never learned,
         // nor do the recent slices ever count after a shift
-        if self.min_samples > limits.window_samples {
-            return Err(error(
-                &format!("{prefix}min_samples"),
-                self.min_samples,
-                format!(
-                    "must be at most {}: a worker samples at most {SAMPLES_PER_TICK} responses of a cluster a tick, and the window holds window / sync_interval ticks",
-                    limits.window_samples
-                ),
+        if raw.min_samples.is_some() && self.min_samples > limits.window_samples {
+            warnings.push(format!(
+                "{prefix}min_samples: {} is more than one worker can sample in a window ({}: {SAMPLES_PER_TICK} responses of a cluster a tick, window / sync_interval ticks); with fewer workers at full rate the delay is never learned",
+                self.min_samples, limits.window_samples
             ));
         }
         // an armed request reserves a token for each retry the route may
-        // make, and a quiet worker keeps at most `budget_burst` tokens:
-        // below, such a worker never arms
-        if f64::from(self.route_retries) > self.budget_burst {
-            let (name, value) = match raw.budget_burst.is_some() {
-                true => ("budget_burst", self.budget_burst.to_string()),
-                false => ("route_retries", self.route_retries.to_string()),
-            };
-            return Err(error(
-                &format!("{prefix}{name}"),
-                value,
-                format!(
-                    "budget_burst ({}) must be at least route_retries ({}): an armed request reserves a token for each of the route's retries, and a quiet worker keeps at most budget_burst tokens",
-                    self.budget_burst, self.route_retries
-                ),
+        // make, and a worker keeps at most `budget_burst` tokens, or its
+        // reserve's earnings where more: below, a quiet worker never arms
+        if (raw.route_retries.is_some() || raw.budget_burst.is_some())
+            && f64::from(self.route_retries) > self.budget_burst
+        {
+            warnings.push(format!(
+                "{prefix}budget_burst: {} is below route_retries ({}): an armed request reserves a token for each of the route's retries, so a quiet worker (a few requests a second) never arms",
+                self.budget_burst, self.route_retries
             ));
         }
         if (raw.max_hedges.is_some() || raw.budget_burst.is_some())
@@ -1219,10 +1210,10 @@ mod tests {
         }
     }
 
-    /// Settings that pass their own rule but not together, and values
-    /// that used to be taken silently: each refused, naming the field.
+    /// Values that used to be taken silently: each refused, naming the
+    /// field; settings that work only under load: warned.
     #[test]
-    fn settings_that_cannot_work_together_are_refused() {
+    fn silent_values_are_refused_and_settings_for_load_only_warned() {
         let cases = [
             // null is no value (an empty YAML value is null)
             (r#"{"percentile": null}"#, "percentile", "null is no value"),
@@ -1237,29 +1228,6 @@ mod tests {
                 r#"{"clusters": {"a": {"disabled": true}, "a": {"percentile": 0.99}}}"#,
                 "clusters",
                 "\"a\" is given twice",
-            ),
-            // 256 samples a tick, 150 ticks a window: 38,400 at most
-            (r#"{"min_samples": 38401}"#, "min_samples", "at most 38400"),
-            (
-                r#"{"window": "60s", "sync_interval": "10s", "min_samples": 1537}"#,
-                "min_samples",
-                "at most 1536",
-            ),
-            (
-                r#"{"clusters": {"a": {"min_samples": 100000}}}"#,
-                "clusters.a.min_samples",
-                "at most 38400",
-            ),
-            // a quiet worker could never reserve the route's retries
-            (
-                r#"{"budget_burst": 1, "route_retries": 2}"#,
-                "budget_burst",
-                "must be at least route_retries (2)",
-            ),
-            (
-                r#"{"budget_burst": 2, "clusters": {"a": {"route_retries": 3}}}"#,
-                "clusters.a.route_retries",
-                "must be at least route_retries (3)",
             ),
             // rounds to no token at all
             (
@@ -1286,7 +1254,40 @@ mod tests {
             r#"{"budget_percent": 0.0001}"#,
             r#"{"sync_interval": "10ms"}"#,
         ] {
-            Config::parse(fine.as_bytes()).expect(fine);
+            let c = Config::parse(fine.as_bytes()).expect(fine);
+            assert!(c.warnings.is_empty(), "{fine}: {:?}", c.warnings);
+        }
+        // settings that work only under load: allowed, said
+        for (json, said) in [
+            // 256 samples a tick, 150 ticks a window: 38,400 from one worker
+            (
+                r#"{"min_samples": 38401}"#,
+                "min_samples: 38401 is more than one worker",
+            ),
+            (
+                r#"{"window": "60s", "sync_interval": "10s", "min_samples": 1537}"#,
+                "(1536:",
+            ),
+            (
+                r#"{"clusters": {"a": {"min_samples": 100000}}}"#,
+                "clusters.a.min_samples",
+            ),
+            // a quiet worker could never reserve the route's retries
+            (
+                r#"{"budget_burst": 1, "route_retries": 2}"#,
+                "budget_burst: 1 is below route_retries (2)",
+            ),
+            (
+                r#"{"budget_burst": 2, "clusters": {"a": {"route_retries": 3}}}"#,
+                "clusters.a.budget_burst: 2 is below route_retries (3)",
+            ),
+        ] {
+            let c = Config::parse(json.as_bytes()).expect(json);
+            assert!(
+                c.warnings.iter().any(|w| w.contains(said)),
+                "{json}: {:?}",
+                c.warnings
+            );
         }
         // the tick derived for a short window is whole milliseconds too
         let c = Config::parse(br#"{"window": "1s"}"#).unwrap();
@@ -1302,15 +1303,21 @@ mod tests {
         let config = Config::parse(b"{}").unwrap();
         let base = config.policy_for("backend");
         let json = serde_json::json!({"min_samples": 50000});
-        let e = config
+        let mut warnings = Vec::new();
+        config
             .route_policy(
                 &base,
                 json,
                 "filter_metadata.adaptive_hedge.",
-                &mut Vec::new(),
+                &mut warnings,
             )
-            .unwrap_err();
-        assert_eq!(e.field, "filter_metadata.adaptive_hedge.min_samples", "{e}");
+            .unwrap();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("filter_metadata.adaptive_hedge.min_samples")),
+            "{warnings:?}"
+        );
     }
 
     #[test]

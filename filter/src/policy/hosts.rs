@@ -111,11 +111,20 @@ pub const FORGET_MS: u64 = 10_000;
 /// them instead (as it did) erased, on every tick, what the workers of
 /// another configuration sharing the value learned (a reload that turns
 /// `host_choice` on, while the old configuration drains).
+///
+/// Only a member Envoy may send traffic to counts: one outside the
+/// priority Envoy serves from (another zone, after a failover) is silent
+/// because the filter holds it out, and kept it would hold its slot for
+/// as long as Envoy lists it (64 of them, a whole table).
 pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64, members: Option<&[Member]>) {
+    let serving = members.map(membership::serving);
     let listed = |address: &str| {
         members.is_some_and(|m| {
             m.binary_search_by(|m| m.address.as_str().cmp(address))
-                .is_ok()
+                .ok()
+                .and_then(|i| m.get(i))
+                .zip(serving)
+                .is_some_and(|(m, serving)| membership::in_service(m, serving))
         })
     };
     shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS || listed(&s.address));
@@ -787,7 +796,8 @@ impl Hosts {
             _ => members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len()),
         };
         self.panicking = panic;
-        let elsewhere = |m: &Member| matches!(serving, Some(Serving::Only(p)) if m.priority != p);
+        let elsewhere =
+            |m: &Member| serving.is_some_and(|serving| !membership::in_service(m, serving));
         let find = |address: &str| {
             members.map(|m| {
                 m.binary_search_by(|m| m.address.as_str().cmp(address))
@@ -1191,15 +1201,33 @@ mod tests {
             .iter()
             .map(|a| Member {
                 priority: 0,
+                degraded: false,
+                excluded: false,
                 address: a.to_string(),
                 weight: 1,
                 healthy: true,
             })
             .collect();
-        let mut kept = shared;
+        let mut kept = shared.clone();
         forget_silent(&mut kept, later, Some(&members));
         let kept: Vec<&str> = kept.iter().map(|h| h.address.as_str()).collect();
         assert_eq!(kept, ["10.0.0.2:80"]);
+        // listed, but at a priority Envoy does not serve from (another
+        // zone after a failover): the filter holds it out, so it is silent
+        // for good, and forgotten
+        let member = |i: usize, priority: u32| Member {
+            address: format!("10.0.0.{i}:80"),
+            weight: 1,
+            healthy: true,
+            degraded: false,
+            excluded: false,
+            priority,
+        };
+        let zones = [member(0, 0), member(1, 0), member(2, 1)];
+        let mut elsewhere = shared;
+        forget_silent(&mut elsewhere, later, Some(&zones));
+        let kept: Vec<&str> = elsewhere.iter().map(|h| h.address.as_str()).collect();
+        assert_eq!(kept, ["10.0.0.0:80", "10.0.0.1:80"]);
     }
 
     #[test]
@@ -1773,6 +1801,8 @@ mod tests {
             address: format!("10.0.0.{i}:80"),
             weight: 1,
             healthy,
+            degraded: false,
+            excluded: false,
             priority,
         };
         let said = [
@@ -1819,6 +1849,8 @@ mod tests {
         let address = |i: usize| format!("10.0.0.{i}:80");
         let member = |i: usize, weight: u32, healthy: bool| Member {
             priority: 0,
+            degraded: false,
+            excluded: false,
             address: address(i),
             weight,
             healthy,
@@ -1868,12 +1900,16 @@ mod tests {
         let said = [
             Member {
                 priority: 0,
+                degraded: false,
+                excluded: false,
                 address: "[::1]:80".into(),
                 weight: 1,
                 healthy: true,
             },
             Member {
                 priority: 0,
+                degraded: false,
+                excluded: false,
                 address: "[fe80::2]:80".into(),
                 weight: 1,
                 healthy: false,

@@ -71,14 +71,21 @@ pub struct Member {
     /// None of Envoy's health flags keeps its balancer off the host
     /// (`EXCLUDING_FLAGS`).
     pub healthy: bool,
+    /// A `degraded_*` flag: Envoy's balancer uses the host only when a
+    /// priority's healthy hosts are too few (not counted as healthy in
+    /// `serving`).
+    pub degraded: bool,
+    /// `excluded_via_immediate_hc_fail`: out of its priority's count.
+    pub excluded: bool,
     /// The host's priority (0 the first; Istio puts other localities'
     /// hosts at 1, 2... when it fails over between them).
     pub priority: u32,
 }
 
-/// Envoy's default overprovisioning factor: a priority takes all the
-/// traffic while at least 1/1.4 of its hosts are healthy.
-const OVERPROVISIONING: f64 = 1.4;
+/// Envoy's default overprovisioning factor, 140% (as a fraction, 7/5): a
+/// priority takes all the traffic while at least 1/1.4 of its hosts are
+/// healthy (Envoy computes 140 x healthy / total in integers).
+const OVERPROVISIONING: (usize, usize) = (7, 5);
 
 /// Where Envoy's balancer sends a cluster's traffic, by its members'
 /// priorities.
@@ -96,24 +103,33 @@ pub enum Serving {
 }
 
 /// Where Envoy sends `members`' traffic (`Serving`): the priority load
-/// with the default overprovisioning, counted by hosts as Envoy does. A
-/// priority with no healthy host takes nothing; the first with some takes
-/// everything if it has enough.
+/// with the default overprovisioning, counted by hosts as Envoy does
+/// (excluded hosts out of the count, degraded ones not healthy: Envoy
+/// places the healthy load first). A priority with no healthy host takes
+/// nothing; the first with some takes everything if it has enough.
 pub fn serving(members: &[Member]) -> Serving {
     let mut priorities: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     for m in members {
         let (total, healthy) = priorities.entry(m.priority).or_default();
-        *total += 1;
-        *healthy += usize::from(m.healthy);
+        *total += usize::from(!m.excluded);
+        *healthy += usize::from(m.healthy && !m.degraded && !m.excluded);
     }
     if priorities.len() <= 1 {
         return Serving::All;
     }
+    let (times, per) = OVERPROVISIONING;
     match priorities.iter().find(|(_, (_, healthy))| *healthy > 0) {
-        Some((&p, &(total, healthy))) if OVERPROVISIONING * healthy as f64 >= total as f64 => {
-            Serving::Only(p)
-        }
+        Some((&p, &(total, healthy))) if times * healthy >= per * total => Serving::Only(p),
         _ => Serving::Spread,
+    }
+}
+
+/// Whether Envoy's balancer may send `member` traffic where the cluster is
+/// served so: every member but those outside the serving priority.
+pub fn in_service(member: &Member, serving: Serving) -> bool {
+    match serving {
+        Serving::Only(p) => member.priority == p,
+        Serving::All | Serving::Spread => true,
     }
 }
 
@@ -223,7 +239,9 @@ impl Membership {
                 out.push(m.address.len() as u8);
                 out.extend_from_slice(m.address.as_bytes());
                 out.extend_from_slice(&m.weight.to_le_bytes());
-                out.push(u8::from(m.healthy));
+                out.push(
+                    u8::from(m.healthy) | u8::from(m.degraded) << 1 | u8::from(m.excluded) << 2,
+                );
                 out.extend_from_slice(&m.priority.to_le_bytes());
             }
         }
@@ -269,16 +287,17 @@ impl Membership {
                 }
                 let address = text(&mut r, len)?;
                 let weight = r.u32()?;
-                let healthy = match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(DecodeError::Corrupt("health flag")),
-                };
+                let flags = r.u8()?;
+                if flags > 0b111 {
+                    return Err(DecodeError::Corrupt("health flag"));
+                }
                 let priority = r.u32()?;
                 members.push(Member {
                     address,
                     weight,
-                    healthy,
+                    healthy: flags & 1 != 0,
+                    degraded: flags & 2 != 0,
+                    excluded: flags & 4 != 0,
                     priority,
                 });
             }
@@ -344,6 +363,8 @@ pub fn parse_admin_clusters(
                     address: address.to_string(),
                     weight: 1,
                     healthy: true,
+                    degraded: false,
+                    excluded: false,
                     priority: 0,
                 });
                 let Some(last) = members.last_mut() else {
@@ -358,9 +379,10 @@ pub fn parse_admin_clusters(
         } else if fact == "priority" {
             member.priority = value.trim().parse::<u32>().unwrap_or(0);
         } else {
-            member.healthy = !value
-                .split('/')
-                .any(|flag| EXCLUDING_FLAGS.contains(&flag.trim()));
+            let flags = || value.split('/').map(str::trim);
+            member.healthy = !flags().any(|flag| EXCLUDING_FLAGS.contains(&flag));
+            member.degraded = flags().any(|flag| flag.starts_with("degraded_"));
+            member.excluded = flags().any(|flag| flag == "excluded_via_immediate_hc_fail");
         }
     }
     clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
@@ -378,6 +400,8 @@ pub fn parse_admin_clusters(
             let same = later.address == kept.address;
             if same {
                 kept.healthy &= later.healthy;
+                kept.degraded |= later.degraded;
+                kept.excluded |= later.excluded;
                 kept.priority = kept.priority.min(later.priority);
             }
             same
@@ -575,6 +599,8 @@ other::10.0.0.1:80::weight::7
         let clusters = parse_admin_clusters(ADMIN_TEXT.as_bytes(), |_| true);
         let member = |a: &str, w: u32, h: bool| Member {
             priority: 0,
+            degraded: false,
+            excluded: false,
             address: a.into(),
             weight: w,
             healthy: h,
@@ -623,6 +649,8 @@ c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
             address: "10.1.0.2:80".into(),
             weight: 1,
             healthy: true,
+            degraded: false,
+            excluded: false,
             priority: 1,
         });
         four[0].healthy = false;
@@ -635,6 +663,35 @@ c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
         assert_eq!(serving(&failed_over), Serving::Only(1));
         failed_over[3].healthy = false;
         assert_eq!(serving(&failed_over), Serving::Spread);
+        // degraded local hosts: Envoy places the healthy load first, all of
+        // it at the other locality
+        let mut degraded = c.clone();
+        for m in &mut degraded[..3] {
+            m.degraded = true;
+        }
+        assert_eq!(serving(&degraded), Serving::Only(1));
+        // an excluded host is out of its priority's count: two of two
+        let mut excluded = one_down.clone();
+        excluded[0].excluded = true;
+        assert_eq!(serving(&excluded), Serving::Only(0));
+        // 45 healthy of 63 is 140 x 45 / 63 = 100 in Envoy's integers
+        let many: Vec<Member> = (0..64)
+            .map(|i| Member {
+                address: format!("10.2.0.{i}:80"),
+                weight: 1,
+                healthy: i < 45 || i == 63,
+                degraded: false,
+                excluded: false,
+                priority: u32::from(i == 63),
+            })
+            .collect();
+        assert_eq!(serving(&many), Serving::Only(0));
+        // the flags as Envoy writes them
+        let text = "c::a::health_flags::/degraded_active_hc\nc::b::health_flags::/excluded_via_immediate_hc_fail\n";
+        let flagged = parse_admin_clusters(text.as_bytes(), |_| true);
+        let (a, b) = (&flagged["c"][0], &flagged["c"][1]);
+        assert!(a.healthy && a.degraded && !a.excluded);
+        assert!(!b.healthy && !b.degraded && b.excluded);
         // one priority, or none listed: every member
         assert_eq!(serving(&c[..3]), Serving::All);
         assert_eq!(serving(&[]), Serving::All);

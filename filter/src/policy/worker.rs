@@ -894,10 +894,16 @@ impl Worker {
                 Some(&id) => {
                     if let Some(state) = self.clusters.get_mut(id) {
                         state.budget.retune(budget_terms(&policy));
-                        // what counts as stale follows the new plan, and a
-                        // latch judged under the old one goes
-                        state.armed.replan(1.0 - trigger_quantile(&policy));
-                        state.stale = None;
+                        // a new quantile: what counts as stale follows the
+                        // new plan, and what was judged under the old one
+                        // goes (another change, as of the methods, keeps a
+                        // latch set in a brownout)
+                        let planned = trigger_quantile(&policy);
+                        if planned != trigger_quantile(&state.policy) {
+                            state.armed.replan(1.0 - planned);
+                            state.stale = None;
+                            state.regime = None;
+                        }
                         state.policy = Arc::new(policy);
                     }
                     Some(id)
