@@ -187,9 +187,10 @@ const STALE_MIN: f64 = 0.25;
 /// (virtual time, `BENCH_TRACE=89`).
 const STALE_FIRES_IN_A_ROW: u32 = 2;
 /// A delay is clearly stale past this fire rate with this many fires in a
-/// row: from the planned 8%, six fires in a row and nothing ending in time
-/// (a brownout's first milliseconds). In steady traffic, with 8% of armed
-/// requests firing, six in a row come about once in four million.
+/// row: from the planned 6% (the p94), six fires in a row and nothing
+/// ending in time (a brownout's first milliseconds). In steady traffic,
+/// with 6% of armed requests firing, six in a row come about once in
+/// twenty million.
 const CLEARLY_STALE: f64 = 0.5;
 const CLEARLY_STALE_IN_A_ROW: u32 = 6;
 /// ... and at most this: a route hedging at its p50 is stale only once

@@ -491,7 +491,7 @@ fn streaming_section(
         chunks: 20,
         gap: Duration::from_millis(10),
     });
-    // With 20% slow misses the default p92 trigger lands among the misses:
+    // With 20% slow misses the default p94 trigger lands among the misses:
     // cutting them takes a budget above their share, and a lower quantile.
     const TUNED: &str = r#"{"percentile": 0.75, "budget_percent": 30}"#;
     // (configuration, also in a quick run: one row per code path, for CI time)
@@ -517,7 +517,7 @@ fn streaming_section(
     .map(|(proxy, _)| proxy);
     let reports = run_all("streaming", &plan, proxies, progress, json_runs);
     format!(
-        "### streaming (first byte)\n\nEvery response streams: headers at once, the first chunk after a time to first byte drawn from a prompt cache (hits lognormal 15 ms sd 3 ms; 20% misses lognormal 200 ms sd 25 ms), then 19 more chunks 10 ms apart. Open loop at {rate} req/s, {requests} requests. \"first byte\" is the time to the first body byte at the client; \"whole stream\" the time to its end. Envoy's router commits to the first attempt whose headers arrive, so neither Envoy's static hedging nor adaptive-hedge on headers can race a stream: the static per-try timeout never fires before the headers; adaptive on headers learns the header time (about 1 ms) and the hedges it starts are cancelled when the first attempt's headers arrive, load with no gain. The first-byte mode (both roles, `envoy-configs/envoy-streaming.yaml`) races attempts on the first byte. The tuned row is `{TUNED}`: with 20% slow misses the default trigger (p92) sits among the misses, so the defaults only cut the slowest misses.\n\n{}\n",
+        "### streaming (first byte)\n\nEvery response streams: headers at once, the first chunk after a time to first byte drawn from a prompt cache (hits lognormal 15 ms sd 3 ms; 20% misses lognormal 200 ms sd 25 ms), then 19 more chunks 10 ms apart. Open loop at {rate} req/s, {requests} requests. \"first byte\" is the time to the first body byte at the client; \"whole stream\" the time to its end. Envoy's router commits to the first attempt whose headers arrive, so neither Envoy's static hedging nor adaptive-hedge on headers can race a stream: the static per-try timeout never fires before the headers; adaptive on headers learns the header time (about 1 ms) and the hedges it starts are cancelled when the first attempt's headers arrive, load with no gain. The first-byte mode (both roles, `envoy-configs/envoy-streaming.yaml`) races attempts on the first byte. The tuned row is `{TUNED}`: with 20% slow misses the default trigger (p94) sits among the misses, so the defaults only cut the slowest misses.\n\n{}\n",
         scenario::streaming_table(&reports, 0)
     )
 }
