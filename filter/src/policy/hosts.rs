@@ -335,7 +335,8 @@ pub struct Hosts {
     /// value can hold (see `OVERFLOW_TICKS`).
     overflow_ticks: u32,
     /// The admin interface's last word: fewer than half the members are
-    /// healthy (see `weigh`): the cluster's balancer chooses.
+    /// healthy, or the serving priority spills over to the next (see
+    /// `weigh`): the cluster's balancer chooses.
     panicking: bool,
 }
 
