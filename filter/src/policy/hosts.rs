@@ -119,13 +119,10 @@ pub const FORGET_MS: u64 = 10_000;
 pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64, members: Option<&[Member]>) {
     let serving = members.map(membership::serving);
     let listed = |address: &str| {
-        members.is_some_and(|m| {
-            m.binary_search_by(|m| m.address.as_str().cmp(address))
-                .ok()
-                .and_then(|i| m.get(i))
-                .zip(serving)
-                .is_some_and(|(m, serving)| membership::in_service(m, serving))
-        })
+        members
+            .and_then(|m| membership::find(m, address))
+            .zip(serving)
+            .is_some_and(|(m, serving)| membership::in_service(m, serving))
     };
     shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS || listed(&s.address));
 }
@@ -799,13 +796,7 @@ impl Hosts {
         self.panicking = panic;
         let elsewhere =
             |m: &Member| serving.is_some_and(|serving| !membership::in_service(m, serving));
-        let find = |address: &str| {
-            members.map(|m| {
-                m.binary_search_by(|m| m.address.as_str().cmp(address))
-                    .ok()
-                    .and_then(|i| m.get(i))
-            })
-        };
+        let find = |address: &str| members.map(|m| membership::find(m, address));
         // no host known here listed at all: the addresses are written
         // differently (or the read is of other hosts), not all removed
         let members = members.filter(|_| {

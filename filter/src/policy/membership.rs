@@ -124,6 +124,15 @@ pub fn serving(members: &[Member]) -> Serving {
     }
 }
 
+/// The member of `members` (sorted by address, as a read keeps them) at
+/// `address`, as `upstream.address` writes it.
+pub fn find<'a>(members: &'a [Member], address: &str) -> Option<&'a Member> {
+    members
+        .binary_search_by(|m| m.address.as_str().cmp(address))
+        .ok()
+        .and_then(|i| members.get(i))
+}
+
 /// Whether Envoy's balancer may send `member` traffic where the cluster is
 /// served so: every member but those outside the serving priority.
 pub fn in_service(member: &Member, serving: Serving) -> bool {
