@@ -261,9 +261,10 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
                 w.iter().map(LoadResult::summary).collect::<Vec<_>>()
             ));
         }
-        if proxy.is_adaptive() {
-            // the filter's next ticks merge the warm-up's samples
-            std::thread::sleep(Duration::from_millis(600));
+        if let (true, Some(envoy)) = (proxy.is_adaptive(), envoy.as_ref()) {
+            if !warm_up_learned(envoy, plan.warmup) {
+                progress("  the warm-up's samples were not all in the windows after 10 s");
+            }
         }
     }
     sim.settle(Duration::from_secs(5));
@@ -429,6 +430,39 @@ fn sample_timeline(
         });
     }
     points
+}
+
+/// Waits (at most 10 s) until the filter's ticks have counted the warm-up's
+/// requests and merged their samples into every cluster's window (all
+/// workers). False if they have not by then, e.g. under a window shorter than
+/// the warm-up.
+fn warm_up_learned(envoy: &Envoy, warmup: u64) -> bool {
+    const REQUESTS: &str = "wasmcustom.adaptive_hedge.requests_total.";
+    const SAMPLES: &str = "wasmcustom.adaptive_hedge.window_samples.";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = envoy.stats();
+        let unconfirmed = stats
+            .get("wasmcustom.adaptive_hedge.unconfirmed_requests_total")
+            .copied()
+            .unwrap_or(0);
+        let clusters: Vec<(&str, i64)> = stats
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(REQUESTS)?, *v)))
+            .collect();
+        let counted: i64 = clusters.iter().map(|(_, v)| v).sum::<i64>() + unconfirmed;
+        let merged = clusters.iter().all(|(cluster, requests)| {
+            let samples = stats.get(&format!("{SAMPLES}{cluster}")).copied();
+            samples.unwrap_or(0) >= requests * 9 / 10
+        });
+        if counted >= (warmup * 9 / 10) as i64 && merged {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Extra attempts Envoy started: the filter's counter, or Envoy's retry
