@@ -121,6 +121,10 @@ pub struct ClusterView<'a> {
     /// unless Envoy says its outlier detection cannot count a hedge's
     /// timeout there: see `timeouts`).
     pub pacing: bool,
+    /// Armed requests ask the router for a 204 on timeouts (see
+    /// `Arming::timeouts_as_204`): false only where Envoy's admin interface
+    /// says no outlier detector would read the code.
+    pub timeouts_as_204: bool,
 }
 
 /// Everything the filter does with one request.
@@ -181,6 +185,12 @@ pub struct Arming {
     /// `mode: shadow`: decided, not armed; settled as if it had been, from
     /// the response's time (would the hedge have been sent?).
     pub shadow: bool,
+    /// Ask the router for a 204 on timeouts (`headers::TIMEOUT_ALT_RESPONSE`),
+    /// so that a hedge's per-try timeout is no 5xx to outlier detection.
+    /// Where the admin interface says the cluster has no outlier detector,
+    /// or one that splits local-origin errors (which ignores the code),
+    /// nothing reads it, and the write (a host call) is saved.
+    pub timeouts_as_204: bool,
 }
 
 /// Why a request was not armed.
@@ -629,6 +639,7 @@ fn decide(request: &Request, config: &Config, cluster: &ClusterView) -> Decision
         retry_grpc_on: request.grpc.then(|| Arc::clone(&policy.grpc_retry_on)),
         first_byte_marker: config.latency_signal == LatencySignal::FirstByte,
         shadow,
+        timeouts_as_204: cluster.timeouts_as_204,
     })
 }
 
@@ -683,6 +694,7 @@ mod tests {
             armed: None,
             stale_delay: false,
             pacing: policy.outlier_pacing,
+            timeouts_as_204: true,
         };
         plan(request, config, Cluster::Tracked(view))
     }
@@ -973,6 +985,7 @@ mod tests {
             armed: None,
             stale_delay: false,
             pacing: true,
+            timeouts_as_204: true,
         };
         let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
         assert!(!p.sample, "no slot left this tick");
@@ -1045,6 +1058,7 @@ mod tests {
             armed: None,
             stale_delay: false,
             pacing: policy.outlier_pacing,
+            timeouts_as_204: true,
         }
     }
 
@@ -1188,6 +1202,25 @@ mod tests {
         let p = with_hosts(&GET, &config, &hosts, random);
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
         assert_eq!(p.hosts, Some(pick));
+    }
+
+    /// The timeouts' 204 is asked for as the cluster's view says (not where
+    /// Envoy's admin interface says no outlier detector reads the code).
+    #[test]
+    fn the_timeouts_204_is_asked_for_as_the_view_says() {
+        let policy = ClusterPolicy::default();
+        let budget = funded(&policy);
+        for asks in [true, false] {
+            let view = ClusterView {
+                timeouts_as_204: asks,
+                ..view_of(&policy, &budget)
+            };
+            let p = plan(&GET, &Config::default(), Cluster::Tracked(view));
+            let Decision::Arm(arming) = p.decision else {
+                panic!("not armed: {p:?}")
+            };
+            assert_eq!(arming.timeouts_as_204, asks);
+        }
     }
 
     /// A delay known stale arms nothing (the budget waits for the window).

@@ -164,6 +164,14 @@ impl OutlierDetection {
         matches!(self, OutlierDetection::On | OutlierDetection::Split)
     }
 
+    /// Whether the code a per-try timeout is reported with may reach a
+    /// detector there (`x-envoy-upstream-rq-timeout-alt-response` matters):
+    /// not without a detector, nor where local-origin errors are split
+    /// (the timeout counts as one whatever its code); not known: it may.
+    pub fn reads_timeout_code(self) -> bool {
+        matches!(self, OutlierDetection::On | OutlierDetection::Unsplit)
+    }
+
     fn code(self) -> u8 {
         match self {
             OutlierDetection::Off => 0,

@@ -404,7 +404,16 @@ impl ClusterState {
             armed: Some(&self.armed),
             stale_delay: self.stale.is_some(),
             pacing: self.pacing(),
+            timeouts_as_204: self.timeouts_as_204(),
         }
+    }
+
+    /// Whether armed requests ask for a 204 on timeouts: unless Envoy's
+    /// admin interface says no outlier detector there reads the code
+    /// (none, or local-origin errors split), whatever `outlier_pacing` is.
+    fn timeouts_as_204(&self) -> bool {
+        self.outlier_detection
+            .map_or(true, OutlierDetection::reads_timeout_code)
     }
 
     /// Whether armed requests are paced for outlier detection's sake
@@ -1848,7 +1857,8 @@ impl Worker {
             self.admin
                 .membership
                 .outlier_detection(&state.envoy_cluster, now_ms, period_ms);
-        if outlier_detection != state.outlier_detection && state.policy.outlier_pacing {
+        // kept whether or not pacing is on: the timeouts' 204 follows it too
+        if outlier_detection != state.outlier_detection {
             let was = state.pacing();
             state.outlier_detection = outlier_detection;
             if state.pacing() != was {
@@ -3745,6 +3755,9 @@ c::h2::weight::1
         host_traffic(&mut w, 60, usize::MAX, &mut rr);
         w.sync(T0, &store, &mut log);
         assert!(w.cluster(0).unwrap().pacing(), "not known: paced");
+        // and armed requests ask for the timeouts' 204 unless no detector reads it
+        let asks_204 = |w: &Worker| w.cluster(0).unwrap().timeouts_as_204();
+        assert!(asks_204(&w));
         // a read: `/clusters`, then the dumps it asks for, answered in turn
         // (`{}` past the answers given); the paths asked
         let read = |w: &mut Worker,
@@ -3783,6 +3796,7 @@ c::h2::weight::1
         assert!(asked[0].starts_with("/config_dump?resource=dynamic_active_clusters"));
         assert!(asked[1].starts_with("/config_dump?resource=static_clusters"));
         assert!(w.cluster(0).unwrap().pacing());
+        assert!(!asks_204(&w), "split: the code is ignored");
         assert!(log.0.is_empty(), "{:?}", log.0);
         // not split: the 204 spares the hosts
         let unsplit = dump(false);
@@ -3794,11 +3808,13 @@ c::h2::weight::1
             &mut log,
         );
         assert!(!w.cluster(0).unwrap().pacing());
+        assert!(asks_204(&w));
         assert_eq!(log.0.len(), 1, "{:?}", log.0);
         assert!(log.0[0].ends_with("outlier pacing off"), "{:?}", log.0);
         // reads that stop: the word goes stale, and the pacing comes back
         w.sync(T0 + 5_000 + 4 * 5_000, &store, &mut log);
         assert!(w.cluster(0).unwrap().pacing());
+        assert!(asks_204(&w));
         assert_eq!(log.0.len(), 2, "{:?}", log.0);
         assert!(log.0[1].ends_with("outlier pacing on"), "{:?}", log.0);
         // a dump that fails: the split is not known, the cluster paced;
@@ -3813,6 +3829,7 @@ c::h2::weight::1
         );
         assert_eq!(asked.len(), 1, "a failed dump ends the read");
         assert!(w.cluster(0).unwrap().pacing());
+        assert!(asks_204(&w), "the split not known");
         assert_eq!(w.admin.membership.read_ms, at);
         assert!(w.admin.membership.clusters.contains_key("c"));
         assert_eq!(log.0.len(), 3, "{:?}", log.0);
@@ -3821,7 +3838,9 @@ c::h2::weight::1
         let asked = read(&mut w, at + 5_000, ADMIN_SAYS, &[], &mut log);
         assert!(asked.is_empty());
         assert!(!w.cluster(0).unwrap().pacing());
-        // off by configuration: never on, nothing logged
+        assert!(!asks_204(&w), "no detector");
+        // off by configuration: never on, nothing logged; the 204 still
+        // follows the admin interface
         let json = r#"{"min_samples": 10, "admin_cluster": "admin", "outlier_pacing": false}"#;
         let mut w = Worker::new(config(json));
         let mut log = Lines::default();
@@ -3835,6 +3854,7 @@ c::h2::weight::1
             &mut log,
         );
         assert!(!w.cluster(0).unwrap().pacing());
+        assert!(!asks_204(&w), "split, pacing off");
         assert!(log.0.is_empty(), "{:?}", log.0);
     }
 

@@ -274,8 +274,9 @@ impl<H: Host> DownstreamRequest<H> {
     }
 
     /// Sets the arming headers in the plan's order; false at the first
-    /// failure. Then the timeouts' 204, best effort: if that write fails the
-    /// request is armed all the same (its timeouts are 504s, as before).
+    /// failure. Then the timeouts' 204 where the plan asks for it, best
+    /// effort: if that write fails the request is armed all the same (its
+    /// timeouts are 504s, as before).
     fn arm(&self, arming: &Arming) -> bool {
         let armed = arming.headers().all(|(name, value)| {
             let mut buf = [0u8; 20];
@@ -283,7 +284,7 @@ impl<H: Host> DownstreamRequest<H> {
                 .set_request_header(name, value.bytes(&mut buf))
                 .is_ok()
         });
-        if armed {
+        if armed && arming.timeouts_as_204 {
             let _ = self.host.set_request_header(TIMEOUT_ALT_RESPONSE, b"true");
         }
         armed
