@@ -1106,6 +1106,12 @@ impl Worker {
     }
 
     /// A request whose host the filter chose ended.
+    /// Host calls of a request that failed (headers not read, removed or
+    /// written): counted, not logged (a request is no place for a log line).
+    pub fn count_host_errors(&mut self, failures: u64) {
+        self.metrics.add(WorkerMetric::HostErrors, failures);
+    }
+
     pub fn end_pick(&mut self, id: ClusterId, pick: HostPick) {
         if let Some(state) = self.clusters.get_mut(id) {
             state.hosts.track(pick, false);

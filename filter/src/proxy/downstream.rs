@@ -89,6 +89,9 @@ pub struct DownstreamRequest<H: Host> {
     per_try_timeout_ms: Option<u64>,
     /// An armed gRPC call: a timeout's reply is mended in `grpc-status`.
     armed_grpc: bool,
+    /// Host calls of this request that failed (a header not read, removed
+    /// or written): counted in `host_errors_total` when it ends.
+    host_failures: u64,
     /// The cluster (and route) a latency sample goes to, and when the
     /// request started.
     sample: Option<(ClusterId, Option<RouteId>, u64)>,
@@ -150,6 +153,7 @@ impl<H: Host> DownstreamRequest<H> {
             pick: None,
             per_try_timeout_ms: None,
             armed_grpc: false,
+            host_failures: 0,
             sample: None,
             settlement: None,
             shadow_started_ns: None,
@@ -244,10 +248,18 @@ impl<H: Host> DownstreamRequest<H> {
                 .is_ok()
             {
                 self.pick = plan.hosts;
-            } else if let (Some(pick), Some(cluster), Some(w)) =
-                (plan.hosts, plan.cluster, worker.as_deref_mut())
-            {
-                w.end_pick(cluster, pick);
+            } else {
+                // The write was to replace a client's header (the plan did
+                // not strip it): it must not choose the host instead.
+                self.host_failures += 1;
+                if self.host.remove_request_header(name).is_err() {
+                    self.host_failures += 1;
+                }
+                if let (Some(pick), Some(cluster), Some(w)) =
+                    (plan.hosts, plan.cluster, worker.as_deref_mut())
+                {
+                    w.end_pick(cluster, pick);
+                }
             }
         }
         if let Decision::Arm(arming) = &plan.decision {
@@ -261,6 +273,7 @@ impl<H: Host> DownstreamRequest<H> {
                 self.armed_grpc = arming.retry_grpc_on.is_some();
             } else {
                 // Nothing armed may be left behind, and the tokens go back.
+                self.host_failures += 1;
                 self.strip(Strip::ARMING);
                 if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
                     worker.settle(settlement, Some(1), None, None, None);
@@ -277,31 +290,41 @@ impl<H: Host> DownstreamRequest<H> {
     /// failure. Then the timeouts' 204 where the plan asks for it, best
     /// effort: if that write fails the request is armed all the same (its
     /// timeouts are 504s, as before).
-    fn arm(&self, arming: &Arming) -> bool {
+    fn arm(&mut self, arming: &Arming) -> bool {
         let armed = arming.headers().all(|(name, value)| {
             let mut buf = [0u8; 20];
             self.host
                 .set_request_header(name, value.bytes(&mut buf))
                 .is_ok()
         });
-        if armed && arming.timeouts_as_204 {
-            let _ = self.host.set_request_header(TIMEOUT_ALT_RESPONSE, b"true");
+        if armed
+            && arming.timeouts_as_204
+            && self
+                .host
+                .set_request_header(TIMEOUT_ALT_RESPONSE, b"true")
+                .is_err()
+        {
+            self.host_failures += 1;
         }
         armed
     }
 
-    fn strip(&self, strip: Strip) {
+    /// Removes what the plan strips; a removal that fails is counted
+    /// (`host_failures`).
+    fn strip(&mut self, strip: Strip) {
+        let mut failed = 0;
         if strip.control {
             for name in CONTROL_HEADERS {
-                let _ = self.host.remove_request_header(name);
+                failed += u64::from(self.host.remove_request_header(name).is_err());
             }
         }
         if strip.marker {
-            let _ = self.host.remove_request_header(FIRST_BYTE_MARKER);
+            failed += u64::from(self.host.remove_request_header(FIRST_BYTE_MARKER).is_err());
         }
         if let (true, Some(name)) = (strip.endpoint, &self.host_header) {
-            let _ = self.host.remove_request_header(name);
+            failed += u64::from(self.host.remove_request_header(name).is_err());
         }
+        self.host_failures += failed;
     }
 
     /// Settles the armed hedges, once: `upstream.request_attempt_count` says
@@ -523,13 +546,15 @@ impl<H: Host> DownstreamRequest<H> {
         }
         match origin.status {
             Some(204) => {
-                let _ = self.host.set_response_header(":status", b"504");
+                let mended = self.host.set_response_header(":status", b"504");
+                self.host_failures += u64::from(mended.is_err());
             }
             Some(200) if self.armed_grpc => {
-                let _ = self.host.set_response_header("grpc-status", b"14");
-                let _ = self
+                let status = self.host.set_response_header("grpc-status", b"14");
+                let message = self
                     .host
                     .set_response_header("grpc-message", b"upstream request timeout");
+                self.host_failures += u64::from(status.is_err()) + u64::from(message.is_err());
             }
             _ => {}
         }
@@ -556,7 +581,14 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         if !self.placement.in_place(&mut self.host) {
             return Action::Continue;
         }
-        let pairs = self.host.request_header_pairs().ok().flatten();
+        let pairs = match self.host.request_header_pairs() {
+            Ok(pairs) => pairs,
+            Err(_) => {
+                // planned as unreadable: not armed, every control header removed
+                self.host_failures += 1;
+                None
+            }
+        };
         let request = pairs
             .as_deref()
             .and_then(|buf| {
@@ -656,12 +688,13 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             None => self.settlement.and_then(|_| self.attempts()),
         };
         self.settle(attempts, None, None);
-        if let (Some(cluster), Some(pick), Some(worker)) =
-            (self.host_cluster.take(), self.pick.take(), &self.worker)
-        {
-            if let Ok(mut worker) = worker.try_borrow_mut() {
+        let pick = self.host_cluster.take().zip(self.pick.take());
+        let failures = std::mem::take(&mut self.host_failures);
+        if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
+            if let Some((cluster, pick)) = pick {
                 worker.end_pick(cluster, pick);
             }
+            worker.count_host_errors(failures);
         }
     }
 }
@@ -1690,7 +1723,7 @@ mod tests {
     /// upstream's own 204 and an unarmed request's reply are left alone.
     #[test]
     fn an_armed_request_s_timeout_reply_is_mended_to_a_504() {
-        let (host, plugin) = warmed(r#"{"idempotent_grpc_methods": ["/demo.Echo/Get"]}"#);
+        let (host, mut plugin) = warmed(r#"{"idempotent_grpc_methods": ["/demo.Echo/Get"]}"#);
         let reply =
             |request_headers: &[(&str, &str)], response: &[(&str, &str)], details: &[u8]| {
                 host.request(Some("backend"), request_headers);
@@ -1739,12 +1772,62 @@ mod tests {
         assert!(armed);
         assert_eq!(status.as_deref(), Some("504"));
         assert_eq!(grpc_status, None);
+        // a mending that fails is counted
+        host.fail("set_response_header :status");
+        let (_, status, _) = reply(GET, &[(":status", "204")], timeout);
+        assert_eq!(status.as_deref(), Some("204"));
+        host.state_mut().failing.clear();
+        plugin.on_tick();
+        assert_eq!(host.stat("adaptive_hedge.host_errors_total"), Some(1));
         // the 204 is best effort: a failed write leaves the request armed
         host.fail(&format!("set_request_header {TIMEOUT_ALT_RESPONSE}"));
         host.request(Some("backend"), GET);
         request(&plugin).on_request_headers();
         assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some());
         assert_eq!(host.request_header_text(TIMEOUT_ALT_RESPONSE), None);
+    }
+
+    /// A header write or removal that fails is counted in
+    /// `host_errors_total`, and a failed write of the chosen host does not
+    /// leave the client's own header to choose it.
+    #[test]
+    fn failed_header_calls_are_counted_and_leave_the_client_no_choice() {
+        let (host, mut plugin) = plugin("{}");
+        let ms = |address: &str| if address == "10.0.0.2:80" { 9 } else { 3 };
+        for i in 0..300 {
+            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), ms);
+            if i % 50 == 49 {
+                plugin.on_tick();
+            }
+        }
+        let errors = |plugin: &mut Plugin<FakeHost>| {
+            plugin.on_tick();
+            host.stat("adaptive_hedge.host_errors_total").unwrap_or(0)
+        };
+        let before = errors(&mut plugin);
+        host.fail(&format!("set_request_header {ENDPOINT_HEADER}"));
+        let sent = [(":method", "GET"), (ENDPOINT_HEADER, "10.0.0.9:80")];
+        for _ in 0..20 {
+            host.request(Some("backend"), &sent);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            assert_eq!(host.request_header_text(ENDPOINT_HEADER), None);
+            r.on_log();
+        }
+        let failed_writes = errors(&mut plugin) - before;
+        assert!(
+            (10..=20).contains(&failed_writes),
+            "{failed_writes} failed writes counted"
+        );
+        // a client's control header that cannot be removed
+        host.state_mut().failing.clear();
+        host.fail(&format!("remove_request_header {MAX_RETRIES}"));
+        let before = errors(&mut plugin);
+        host.request(Some("backend"), &[(":method", "POST"), (MAX_RETRIES, "5")]);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        r.on_log();
+        assert_eq!(errors(&mut plugin) - before, 1);
     }
 
     #[test]

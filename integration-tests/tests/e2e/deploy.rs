@@ -672,6 +672,36 @@ fn istio_route_patches_touch_only_routes_that_forward() {
     assert!(seen >= 4, "{seen} route patches");
 }
 
+/// Every Istio patch of a cluster sets what Envoy has from 1.35 (Istio
+/// 1.27) on: the `override_host` balancer, which an older proxy refuses
+/// with the whole cluster update, and the upstream role's
+/// `allow_on_headers_stop_iteration`, which it drops (docs/streaming.md).
+/// Each matches only proxies of Istio 1.27 and later, by Istio's version
+/// regex (RE2, whose syntax the regex crate shares for this).
+#[test]
+fn istio_cluster_patches_match_only_proxies_that_have_what_they_set() {
+    let docs = istio_documents();
+    let mut seen = 0;
+    for (file, doc) in docs.iter().filter(|(_, d)| kind_of(d) == "EnvoyFilter") {
+        let Some(patches) = get(doc, "spec.configPatches").as_sequence() else {
+            continue;
+        };
+        for patch in patches.iter().filter(|p| str_at(p, "applyTo") == "CLUSTER") {
+            seen += 1;
+            let at = format!("{file}: {}", named(file, doc));
+            let pattern = str_at(patch, "match.proxy.proxyVersion");
+            let version = regex::Regex::new(pattern).unwrap_or_else(|e| panic!("{at}: {e}"));
+            for v in ["1.27.0", "1.27.3", "1.28.0-beta.1", "1.29.1", "1.31.0"] {
+                assert!(version.is_match(v), "{at}: {pattern:?} refuses {v}");
+            }
+            for v in ["1.26.4", "1.2.0", "1.20.1", "1.9.9", "0.27.0"] {
+                assert!(!version.is_match(v), "{at}: {pattern:?} takes {v}");
+            }
+        }
+    }
+    assert!(seen >= 4, "{seen} cluster patches");
+}
+
 /// Every shipped Istio plugin (sidecar, gateway, waypoint, streaming) names
 /// the bootstrap's cluster to Envoy's admin, which pilot-agent's default
 /// bootstrap has in every proxy it starts: without it the plugin cannot
@@ -772,11 +802,16 @@ fn the_metrics_cluster_label_is_shipped_for_every_install() {
                 .to_string(),
         ));
     }
-    for file in [MANIFESTS[1], MANIFESTS[3]] {
+    // named apart: applying one install again must not replace the other's
+    // (streaming's mounts the module the upstream role loads)
+    for (file, name) in [
+        (MANIFESTS[1], "adaptive-hedge"),
+        (MANIFESTS[3], "adaptive-hedge-streaming"),
+    ] {
         let docs = yaml_docs(file);
         let proxy = of_kind(&docs, "EnvoyProxy")[0];
         assert_eq!(str_at(proxy, "spec.bootstrap.type"), "Merge", "{file}");
-        assert_eq!(str_at(proxy, "metadata.name"), "adaptive-hedge", "{file}");
+        assert_eq!(str_at(proxy, "metadata.name"), name, "{file}");
         shipped.push((
             file.to_string(),
             str_at(proxy, "spec.bootstrap.value").to_string(),
