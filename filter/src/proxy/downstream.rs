@@ -1787,6 +1787,36 @@ mod tests {
         assert_eq!(host.request_header_text(TIMEOUT_ALT_RESPONSE), None);
     }
 
+    /// Where Envoy's admin interface shows the cluster with no outlier
+    /// detector, armed requests do not ask for the timeouts' 204 (nothing
+    /// would read it: a header write saved); until it is read they do.
+    #[test]
+    fn the_timeouts_204_is_not_asked_for_where_no_detector_reads_it() {
+        let (host, mut plugin) = warmed(r#"{"admin_cluster": "envoy_admin"}"#);
+        let asks = |plugin: &Plugin<FakeHost>| {
+            host.request(Some("backend"), GET);
+            let mut r = request(plugin);
+            r.on_request_headers();
+            assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some(), "armed");
+            let asks = host.request_header_text(TIMEOUT_ALT_RESPONSE).is_some();
+            r.on_log();
+            asks
+        };
+        assert!(asks(&plugin), "not known yet");
+        plugin.on_tick();
+        let token = host.state().dispatched.len() as u32;
+        assert!(token > 0, "no admin read dispatched");
+        let body = b"backend::10.0.0.1:80::health_flags::healthy\n";
+        {
+            let mut s = host.state_mut();
+            s.call_response_headers = vec![(":status".into(), b"200".to_vec())];
+            s.call_response_body = body.to_vec();
+        }
+        plugin.on_http_call_response(token, body.len());
+        plugin.on_tick();
+        assert!(!asks(&plugin), "no detector there");
+    }
+
     /// A header write or removal that fails is counted in
     /// `host_errors_total`, and a failed write of the chosen host does not
     /// leave the client's own header to choose it.
