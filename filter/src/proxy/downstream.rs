@@ -1578,12 +1578,8 @@ mod tests {
     /// A relayed response: the status and the router's mark in one read.
     const RELAYED: &[(&str, &str)] = &[(":status", "200"), (UPSTREAM_SERVICE_TIME, "2")];
 
-    /// The host calls of one request at the default configuration, by
-    /// phase: armed, two hosts chosen, timed (a sample), its host learned.
-    /// What each costs Envoy is in docs/evaluation.md ("The filter's own
-    /// cost"); a new call on this path should be a deliberate change here.
-    #[test]
-    fn the_host_calls_of_a_request_at_defaults_by_phase() {
+    /// At defaults, three hosts learned (10.0.0.2:80 three times slower).
+    fn three_hosts_learned() -> (FakeHost, Plugin<FakeHost>) {
         let (host, mut plugin) = plugin("{}");
         let ms = |address: &str| if address == "10.0.0.2:80" { 9 } else { 3 };
         for i in 0..300 {
@@ -1592,6 +1588,16 @@ mod tests {
                 plugin.on_tick();
             }
         }
+        (host, plugin)
+    }
+
+    /// The host calls of one request at the default configuration, by
+    /// phase: armed, two hosts chosen, timed (a sample), its host learned.
+    /// What each costs Envoy is in docs/evaluation.md ("The filter's own
+    /// cost"); a new call on this path should be a deliberate change here.
+    #[test]
+    fn the_host_calls_of_a_request_at_defaults_by_phase() {
+        let (host, plugin) = three_hosts_learned();
         // the route's overrides are read once a second, not per request
         host.request(Some("backend"), GET);
         host.set_property(ROUTE_NAME, b"default");
@@ -1822,14 +1828,7 @@ mod tests {
     /// leave the client's own header to choose it.
     #[test]
     fn failed_header_calls_are_counted_and_leave_the_client_no_choice() {
-        let (host, mut plugin) = plugin("{}");
-        let ms = |address: &str| if address == "10.0.0.2:80" { 9 } else { 3 };
-        for i in 0..300 {
-            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), ms);
-            if i % 50 == 49 {
-                plugin.on_tick();
-            }
-        }
+        let (host, mut plugin) = three_hosts_learned();
         let errors = |plugin: &mut Plugin<FakeHost>| {
             plugin.on_tick();
             host.stat("adaptive_hedge.host_errors_total").unwrap_or(0)
