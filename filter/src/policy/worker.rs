@@ -509,6 +509,8 @@ pub struct Worker {
     registry_full_logged: bool,
     /// The worker's own table of clusters was found full (see `insert`).
     table_full_logged: bool,
+    /// A cluster named as a route's state was logged (see `name_taken`).
+    name_taken_logged: bool,
     /// A route's overrides could not be read (see
     /// `plan_unreadable_overrides`).
     unreadable_overrides_logged: bool,
@@ -613,6 +615,7 @@ impl Worker {
             metrics: MetricTable::default(),
             registry_full_logged: false,
             table_full_logged: false,
+            name_taken_logged: false,
             unreadable_overrides_logged: false,
             eviction_cursor: 0,
             markers_seen: Vec::new(),
@@ -698,6 +701,18 @@ impl Worker {
             self.metrics.add(WorkerMetric::UnconfirmedRequests, 1);
             return decision::plan(request, &self.config, Cluster::Unconfirmed);
         };
+        // An Envoy cluster named as a route's own state is (`<cluster>.route.
+        // <route>`) must not spend that route's budget or learn in its
+        // window: not hedged (whichever came first on this worker keeps it).
+        if self
+            .clusters
+            .get(cluster_id)
+            .is_some_and(|state| state.name != state.envoy_cluster)
+        {
+            self.name_taken(name, cluster_id);
+            self.metrics.add(WorkerMetric::UntrackedRequests, 1);
+            return decision::plan(request, &self.config, Cluster::Untracked);
+        }
         let id = if route_metadata.is_empty() {
             Some(cluster_id)
         } else {
@@ -771,6 +786,22 @@ impl Worker {
         let text = std::str::from_utf8(name).ok()?;
         let policy = self.config.policy_for(text);
         self.insert(text.to_string(), text.to_string(), policy)
+    }
+
+    /// A cluster whose name a route's own state already has: said once.
+    fn name_taken(&mut self, name: &[u8], id: ClusterId) {
+        if std::mem::replace(&mut self.name_taken_logged, true) {
+            return;
+        }
+        let route_of = self.clusters.get(id).map(|s| s.envoy_cluster.clone());
+        self.pending_log.push((
+            Level::Error,
+            format!(
+                "cluster \"{}\" has the name of the state of a route of cluster \"{}\" with its own overrides: its requests are not hedged (counted in untracked_requests_total); name the route otherwise",
+                String::from_utf8_lossy(name),
+                route_of.unwrap_or_default()
+            ),
+        ));
     }
 
     fn clusters_full(&self) -> bool {
@@ -894,6 +925,19 @@ impl Worker {
                 format!("route \"{suffix}\" of cluster \"{cluster_name}\": {w}"),
             ));
         }
+        let taken = self
+            .index
+            .get(name.as_bytes())
+            .and_then(|&id| self.clusters.get(id))
+            .is_some_and(|state| state.envoy_cluster != cluster_name);
+        let policy = match taken {
+            // the name is another Envoy cluster's, or another cluster's
+            // route's: sharing its state would share its budget
+            true => Err(format!(
+                "its state would be named \"{name}\", which another cluster's state has (an Envoy cluster of that name, or a route of another cluster); name the route otherwise"
+            )),
+            false => policy,
+        };
         let target = match policy {
             Ok(policy) => match self.index.get(name.as_bytes()) {
                 // the same name with other metadata: the route changed
@@ -3128,6 +3172,41 @@ mod tests {
         for hedges in [3, 2, 3] {
             assert_ne!(plan("r0", hedges), Decision::Skip(Skip::Untracked));
         }
+    }
+
+    /// A route's own state is named `<cluster>.route.<route>`; an Envoy
+    /// cluster of that name must not share it (its budget would pay for the
+    /// route's hedges, and the route's policy would hedge it), whichever is
+    /// seen first: the later one is not hedged, and said.
+    #[test]
+    fn a_cluster_named_as_a_route_s_state_shares_nothing_with_it() {
+        use crate::route_metadata::encode;
+        let metadata = encode(&serde_json::json!({ "budget_percent": 50 }));
+        // the route first: the cluster of its state's name is not hedged
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"svc");
+        let route = w.plan_route(Some(b"svc"), Some(b"r"), &metadata, &GET, None);
+        assert!(route.cluster.is_some());
+        w.confirm_cluster(b"svc.route.r");
+        let other = w.plan_route(Some(b"svc.route.r"), None, &[], &GET, None);
+        assert_eq!(other.decision, Decision::Skip(Skip::Untracked));
+        assert_ne!(other.cluster, route.cluster);
+        assert!(w.pending_log.iter().any(|(_, l)| l.contains(
+            "cluster \"svc.route.r\" has the name of the state of a route of cluster \"svc\""
+        )));
+        // the cluster first: the route's overrides are refused
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"svc.route.r");
+        w.confirm_cluster(b"svc");
+        let cluster = w.plan_route(Some(b"svc.route.r"), None, &[], &GET, None);
+        let route = w.plan_route(Some(b"svc"), Some(b"r"), &metadata, &GET, None);
+        assert_eq!(route.decision, Decision::Skip(Skip::RouteMetadata));
+        assert_ne!(route.cluster, cluster.cluster);
+        let state = w.cluster(cluster.cluster.unwrap()).unwrap();
+        assert_eq!(
+            state.policy.budget_percent,
+            ClusterPolicy::default().budget_percent
+        );
     }
 
     /// A route cannot switch host choice on where the configuration

@@ -272,10 +272,16 @@ impl<H: Host> DownstreamRequest<H> {
                 self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
                 self.armed_grpc = arming.retry_grpc_on.is_some();
             } else {
-                // Nothing armed may be left behind, and the tokens go back.
+                // Nothing armed may be left behind, and the tokens go back;
+                // unless a header could not be removed: then Envoy may still
+                // make the attempts, and the request is settled on the count
+                // it made, as an armed one is.
                 self.host_failures += 1;
+                let failed = self.host_failures;
                 self.strip(Strip::ARMING);
-                if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
+                if self.host_failures > failed {
+                    self.settlement = plan.settlement();
+                } else if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
                     worker.settle(settlement, Some(1), None, None, None);
                 }
             }
@@ -1848,6 +1854,20 @@ mod tests {
             (10..=20).contains(&failed_writes),
             "{failed_writes} failed writes counted"
         );
+        // an arming that fails half-way, its headers not all removed: the
+        // attempts Envoy may still make are paid for (settled on the count)
+        host.state_mut().failing.clear();
+        host.fail(&format!("set_request_header {PER_TRY_TIMEOUT}"));
+        host.fail(&format!("remove_request_header {MAX_RETRIES}"));
+        let sent_before = stat(&host, "hedges_sent_total");
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
+        host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+        r.on_log();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_sent_total") - sent_before, 1);
         // a client's control header that cannot be removed
         host.state_mut().failing.clear();
         host.fail(&format!("remove_request_header {MAX_RETRIES}"));
