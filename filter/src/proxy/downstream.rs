@@ -696,11 +696,16 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         self.settle(attempts, None, None);
         let pick = self.host_cluster.take().zip(self.pick.take());
         let failures = std::mem::take(&mut self.host_failures);
+        if pick.is_none() && failures == 0 {
+            return;
+        }
         if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
             if let Some((cluster, pick)) = pick {
                 worker.end_pick(cluster, pick);
             }
-            worker.count_host_errors(failures);
+            if failures > 0 {
+                worker.count_host_errors(failures);
+            }
         }
     }
 }
