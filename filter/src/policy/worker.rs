@@ -190,6 +190,9 @@ pub struct ClusterState {
     /// The Envoy cluster (`name` but for a route with overrides, hedged
     /// under a name of its own).
     envoy_cluster: String,
+    /// A route's own state (`name` differs from `envoy_cluster`): kept so
+    /// that a request need not compare the two names.
+    route_state: bool,
     policy: Arc<ClusterPolicy>,
     tracking: Tracking,
     /// Cached on the tick; `None` while warming up.
@@ -262,6 +265,7 @@ impl ClusterState {
     fn new(name: String, envoy_cluster: String, policy: Arc<ClusterPolicy>) -> Self {
         let armed = ArmedRequests::new(1.0 - trigger_quantile(&policy));
         ClusterState {
+            route_state: name != envoy_cluster,
             name,
             envoy_cluster,
             budget: LocalBudget::new(budget_terms(&policy)),
@@ -707,7 +711,7 @@ impl Worker {
         if self
             .clusters
             .get(cluster_id)
-            .is_some_and(|state| state.name != state.envoy_cluster)
+            .is_some_and(|state| state.route_state)
         {
             self.name_taken(name, cluster_id);
             self.metrics.add(WorkerMetric::UntrackedRequests, 1);

@@ -236,7 +236,7 @@ impl<H: Host> DownstreamRequest<H> {
             // response and the response's origin.
             self.sample = Some((cluster, plan.route, now));
         }
-        self.strip(plan.strip);
+        let _ = self.strip(plan.strip);
         if self.host_header.is_some() {
             self.host_cluster = plan.cluster;
         }
@@ -277,9 +277,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // make the attempts, and the request is settled on the count
                 // it made, as an armed one is.
                 self.host_failures += 1;
-                let failed = self.host_failures;
-                self.strip(Strip::ARMING);
-                if self.host_failures > failed {
+                if self.strip(Strip::ARMING) > 0 {
                     self.settlement = plan.settlement();
                 } else if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
                     worker.settle(settlement, Some(1), None, None, None);
@@ -316,8 +314,8 @@ impl<H: Host> DownstreamRequest<H> {
     }
 
     /// Removes what the plan strips; a removal that fails is counted
-    /// (`host_failures`).
-    fn strip(&mut self, strip: Strip) {
+    /// (`host_failures`). Returns how many failed.
+    fn strip(&mut self, strip: Strip) -> u64 {
         let mut failed = 0;
         if strip.control {
             for name in CONTROL_HEADERS {
@@ -331,6 +329,7 @@ impl<H: Host> DownstreamRequest<H> {
             failed += u64::from(self.host.remove_request_header(name).is_err());
         }
         self.host_failures += failed;
+        failed
     }
 
     /// Settles the armed hedges, once: `upstream.request_attempt_count` says
