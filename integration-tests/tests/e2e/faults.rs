@@ -430,9 +430,7 @@ fn a_vm_fault_under_fail_open_lets_requests_through() {
     )
     .unwrap();
     warm(&rt, &client, &open);
-    let before = rt
-        .block_on(request(&client, "GET", &open.url("/"), &[]))
-        .unwrap();
+    let before = rt.block_on(common::until_not_held_back(&client, &open.url("/"), &[]));
     assert!(
         common::decision(&before).starts_with("armed"),
         "the filter is working before the fault: {:?}",
@@ -546,14 +544,9 @@ fn made_up_cluster_names_from_a_client_take_no_slot() {
         }
         common::warm_up(&client, &envoy, "/", 100, 4).await;
         common::warm_up(&client, &envoy, "/b/", 100, 4).await;
-        let r = request(
-            &client,
-            "GET",
-            &envoy.url("/pick/"),
-            &[("x-cluster", "backend")],
-        )
-        .await
-        .unwrap();
+        let r =
+            common::until_not_held_back(&client, &envoy.url("/pick/"), &[("x-cluster", "backend")])
+                .await;
         assert_eq!(r.status, 200);
         assert!(common::decision(&r).starts_with("armed"), "{r:?}");
     });

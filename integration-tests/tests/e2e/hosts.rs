@@ -430,8 +430,23 @@ async fn held_out_then_left(sim: &Simulator, envoy: &Envoy, client: &load::Clien
         assert_eq!(r.ok(), 100, "{}", r.summary());
     }
     eprintln!("{what} held out after {:?}", since.elapsed());
-    let held_out_at = Instant::now();
-    while held_out_at.elapsed() < Duration::from_millis(1500) {
+    // One worker's gauge says so; each worker looks at the shared read at
+    // most once a second, and reads come once a second: two reads later
+    // every worker has looked (traffic flowing meanwhile).
+    let reads = || {
+        envoy
+            .stat("wasmcustom.adaptive_hedge.admin_reads_total")
+            .unwrap_or(0)
+    };
+    let read_then = reads();
+    let mut rounds = 0;
+    while reads() < read_then + 2 {
+        rounds += 1;
+        assert!(
+            rounds <= 80,
+            "no two admin reads after {what} was held out: {}",
+            envoy.filter_stats("")
+        );
         let r = load::closed_loop(client, &url, 4, 100, Duration::from_secs(5)).await;
         assert_eq!(r.ok(), 100, "{}", r.summary());
     }

@@ -123,8 +123,17 @@ fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
     // the gauges of a tick after the last response
     let p99 = filter_stat_name("backend_latency_p99_microseconds", "backend");
     let sent = filter_stat_name("hedges_sent_total", "backend");
-    let stats = envoy.wait_for_stats("the backend's p99 and hedges sent", |s| {
-        s.get(&p99).is_some_and(|v| *v > 0) && s.get(&sent).is_some_and(|v| *v > 50)
+    let armed = filter_stat_name("hedges_armed_total", "backend");
+    let refunded = filter_stat_name("hedges_refunded_total", "backend");
+    // every armed request settled (counted at its end, on its worker's
+    // tick): the hedges sent are then all counted
+    let stats = envoy.wait_for_stats("the backend's p99, every armed request settled", |s| {
+        let get = |n: &String| s.get(n).copied();
+        get(&p99).is_some_and(|v| v > 0)
+            && matches!(
+                (get(&armed), get(&sent), get(&refunded)),
+                (Some(a), Some(s), Some(r)) if a > 0 && a == s + r
+            )
     });
     let backend_us = stats[&p99] as f64;
     let gauge_us = stats[&filter_stat_name("latency_p99_microseconds", "backend")] as f64;
@@ -142,10 +151,11 @@ fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
         gauge_us / 1000.0,
         misses * 100.0
     );
-    // At most 60% of the 5% served: alone this test serves 0.1-0.3%, but
+    // At most 70% of the 5% served: alone this test serves 0.1-0.3%, but
     // under the whole suite on two cores a run served 2.0% with hedges
     // sent at the planned rate (180 of 3,000): stalls of the loop made
-    // hedges of misses lose. That the misses are hedged is asserted apart.
+    // hedges of misses lose (a fresh CI machine stalls more: the margin).
+    // That the misses are hedged is asserted apart.
     let sent_count = stats[&sent] as f64;
     assert!(
         sent_count >= 0.8 * miss_prob * run.ok() as f64,
@@ -155,7 +165,7 @@ fn the_backend_s_own_p99_is_exported_while_hedging_hides_it() {
         envoy.filter_stats("backend")
     );
     assert!(
-        misses <= miss_prob * 0.6,
+        misses <= miss_prob * 0.7,
         "hedging should hide the misses from clients: {:.1}% served: {}; {}",
         misses * 100.0,
         run.summary(),
