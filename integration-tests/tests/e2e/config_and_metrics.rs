@@ -128,12 +128,17 @@ fn metrics_have_a_cluster_label_and_the_right_counts() {
     // first requests to a cluster, before an upstream of it answered, are
     // counted unconfirmed, not the cluster's
     let requests_sent = (backend_total + backend_b_total) as i64;
-    let stats = envoy.wait_for_stats("every request counted", |s| {
+    // (requests are counted as they start, hedges as they end: the last
+    // held request's hedge may be flushed a tick later)
+    let stats = envoy.wait_for_stats("every request counted, every hedge settled", |s| {
         let get = |name: &str| s.get(name).copied().unwrap_or(0);
+        let backend = |m: &str| get(&filter_stat_name(m, "backend"));
         get(&filter_stat_name("requests_total", "backend"))
             + get(&filter_stat_name("requests_total", "backend-b"))
             + get("wasmcustom.adaptive_hedge.unconfirmed_requests_total")
             == requests_sent
+            && backend("hedges_armed_total")
+                == backend("hedges_sent_total") + backend("hedges_refunded_total")
     });
     let unconfirmed = stats["wasmcustom.adaptive_hedge.unconfirmed_requests_total"] as f64;
     assert!((1.0..=16.0).contains(&unconfirmed), "{unconfirmed}");

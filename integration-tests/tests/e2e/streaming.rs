@@ -136,6 +136,19 @@ fn warmed_up(h2: bool) -> (Simulator, Envoy, load::Client, tokio::runtime::Runti
     let client = load::client();
     let rt = runtime();
     rt.block_on(common::warm_up(&client, &envoy, "/", 200, 4));
+    // The tests after this want requests armed one after another although
+    // each outlives its delay: both workers must have read from Envoy's
+    // admin interface that no outlier detection counts the timeouts (each
+    // says so once), else pacing may hold one back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while envoy.log().matches("outlier pacing off").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pacing still on after 10 s: {}",
+            envoy.log()
+        );
+        rt.block_on(common::warm_up(&client, &envoy, "/", 40, 4));
+    }
     (sim, envoy, client, rt)
 }
 
