@@ -236,7 +236,7 @@ impl<H: Host> DownstreamRequest<H> {
             // response and the response's origin.
             self.sample = Some((cluster, plan.route, now));
         }
-        let _ = self.strip(plan.strip);
+        self.strip(plan.strip);
         if self.host_header.is_some() {
             self.host_cluster = plan.cluster;
         }

@@ -88,7 +88,7 @@ pub fn decision(reply: &load::Reply) -> &str {
         .unwrap_or_default()
 }
 
-/// A GET of `path` with `headers`, asked again (at most 10 times, on the
+/// A GET of `url` with `headers`, asked again (at most 10 times, on the
 /// pooled client) while the filter held it back for the moment: its
 /// worker's tokens spent by the warm-up's hedges (on a 2-3 ms upstream the
 /// early timers of a busy loop can spend a whole budget), outlier pacing
