@@ -4,7 +4,9 @@
 //!
 //! Per request (worker-local, no shared memory):
 //! - every request to the cluster earns `share` tokens (0.1 for a 10% budget),
-//!   while the worker holds less than `burst` free tokens;
+//!   while the worker holds less than `burst` free tokens, and gives them
+//!   back if Envoy answers it before any host received it (`unearn`, from
+//!   the sampled replies);
 //! - arming sets aside the hedge's expected cost (`set_aside`: 0.06 of a
 //!   token when the delay is the p94), not a whole token: most armed requests
 //!   finish before their delay;
@@ -171,6 +173,16 @@ impl LocalBudget {
                 .saturating_add(signed(self.terms.share))
                 .min(self.saved_cap);
         }
+    }
+
+    /// `requests` requests that `earn` counted never reached a host: Envoy
+    /// answered them itself (no healthy host, a circuit breaker full).
+    /// Their earnings go back: the share is of what the cluster's hosts
+    /// receive, and a cluster turning requests away must not pay for
+    /// hedges with them. May leave a debt (what they earned was spent).
+    pub fn unearn(&mut self, requests: u32) {
+        let earned = signed(self.terms.share).saturating_mul(i64::from(requests));
+        self.free = self.free.saturating_sub(earned);
     }
 
     /// How many of `wanted` hedges the budget can pay for now: as many as
@@ -492,6 +504,20 @@ mod tests {
             free,
             ..LocalBudget::new(TERMS)
         }
+    }
+
+    #[test]
+    fn requests_no_host_received_give_their_earnings_back() {
+        let mut b = LocalBudget::new(TERMS);
+        for _ in 0..50 {
+            b.earn();
+        }
+        b.unearn(20);
+        assert!((b.free_tokens() - 3.0).abs() < 1e-9, "{}", b.free_tokens());
+        // what was spent meanwhile is owed
+        b.unearn(40);
+        assert!((b.free_tokens() + 1.0).abs() < 1e-9, "{}", b.free_tokens());
+        assert_eq!(b.affordable(1), 0);
     }
 
     #[test]

@@ -1025,6 +1025,17 @@ impl Worker {
         }
     }
 
+    /// A sampled request Envoy answered itself before any attempt reached
+    /// a host: it stands for the `stride` requests of its population it
+    /// was sampled from (one in `stride`), whose earnings go back
+    /// (`LocalBudget::unearn`). Ineligible requests are not sampled, and
+    /// theirs stay.
+    pub fn on_unsent(&mut self, id: ClusterId) {
+        if let Some(state) = self.clusters.get_mut(id) {
+            state.budget.unearn(state.stride);
+        }
+    }
+
     /// What a response says about the cluster's hosts: the winner's
     /// latency (the primary's lower bound when the hedge won), failures,
     /// and whether the host the filter named is the one that answered.

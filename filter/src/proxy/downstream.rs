@@ -40,6 +40,10 @@ struct Origin {
     status: Option<u16>,
     /// A local reply for the route's timeout (read only when unmarked).
     timed_out: bool,
+    /// A local reply given before any attempt reached a host (read only
+    /// when unmarked): no healthy host, or the cluster's circuit breaker
+    /// full (`UNSENT_DETAILS`).
+    unsent: bool,
 }
 
 /// Which host answered a request whose cluster learns its hosts
@@ -56,6 +60,16 @@ struct Answer {
 /// `response.code_details` of the router's reply when the route's timeout
 /// fires (the second, Envoy before 1.33's).
 const TIMEOUT_DETAILS: [&[u8]; 2] = [b"response_timeout", b"upstream_response_timeout"];
+/// `response.code_details` of a reply Envoy gives before any attempt
+/// reached a host: none healthy, the cluster in maintenance, or its
+/// circuit breaker full (the router's reset reason, `{overflow}`, as the
+/// details' prefix). A connection failure is left out: a retry before it
+/// may have reached a host.
+const UNSENT_DETAILS: [&[u8]; 3] = [
+    b"no_healthy_upstream",
+    b"maintenance_mode",
+    b"upstream_reset_before_response_started{overflow",
+];
 
 /// The filter state the attribution goes to (`log_attribution`); Envoy
 /// names it `wasm.adaptive_hedge`.
@@ -532,6 +546,7 @@ impl<H: Host> DownstreamRequest<H> {
             from_upstream: headers.relayed || details == Some(VIA_UPSTREAM),
             status: headers.status,
             timed_out: details.is_some_and(|d| TIMEOUT_DETAILS.contains(&d)),
+            unsent: details.is_some_and(|d| UNSENT_DETAILS.iter().any(|u| d.starts_with(u))),
         };
         self.origin = Some(origin);
         origin
@@ -569,8 +584,15 @@ impl<H: Host> DownstreamRequest<H> {
     fn record_sample(&mut self) -> Option<u64> {
         let (cluster, route, started_ns) = self.sample.take()?;
         // Local replies (no healthy host, connect failure, timeouts) are not
-        // the upstream's latency.
-        if !self.origin().from_upstream {
+        // the upstream's latency. One that no host received gives back
+        // what the requests it was sampled from earned.
+        let origin = self.origin();
+        if !origin.from_upstream {
+            if origin.unsent {
+                if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
+                    worker.on_unsent(cluster);
+                }
+            }
             return None;
         }
         let now = self.host.now_ns().ok()?;
@@ -814,6 +836,52 @@ mod tests {
     fn stat(host: &FakeHost, name: &str) -> u64 {
         host.stat(&format!("adaptive_hedge.{name}.backend"))
             .unwrap_or_else(|| panic!("{name} was never defined"))
+    }
+
+    /// A request Envoy answered itself before any host received it (no
+    /// healthy host, the circuit breaker full) gives back what it earned;
+    /// one that may have reached a host (a connection failure, perhaps
+    /// after a retry, or a timeout) keeps its earnings. Measured by how
+    /// many requests with a second attempt the budget pays for after 200
+    /// such replies (20 tokens are about 22: each earns 0.1 of the 1 it
+    /// costs).
+    #[test]
+    fn requests_no_host_received_give_their_earnings_back() {
+        let armed_after = |details: &[u8]| {
+            let (host, plugin) = warmed(r#"{"debug_header": true}"#);
+            for _ in 0..200 {
+                host.request(Some("backend"), GET);
+                let mut r = request(&plugin);
+                r.on_request_headers();
+                host.respond(&[(":status", "503")]);
+                host.set_property(RESPONSE_CODE_DETAILS, details);
+                host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+                r.on_response_headers(true);
+                r.on_log();
+            }
+            // then requests whose second attempt Envoy made (a whole token
+            // each), until the budget refuses one
+            (0..500)
+                .take_while(|_| {
+                    exchange(&host, &plugin, GET, 2, 2);
+                    host.response_header_text(DEBUG_HEADER)
+                        .is_some_and(|d| d.starts_with("armed"))
+                })
+                .count()
+        };
+        let kept = armed_after(b"upstream_reset_before_response_started{connection_failure}");
+        assert_eq!(kept, armed_after(b"upstream_response_timeout"));
+        for unsent in [
+            &b"no_healthy_upstream"[..],
+            b"upstream_reset_before_response_started{overflow}",
+        ] {
+            let armed = armed_after(unsent);
+            assert!(
+                armed + 15 < kept,
+                "{}: {armed} armed after, {kept} after replies that keep their earnings",
+                String::from_utf8_lossy(unsent)
+            );
+        }
     }
 
     #[test]
@@ -1705,6 +1773,7 @@ mod tests {
                 from_upstream: true,
                 status: Some(503),
                 timed_out: false,
+                unsent: false,
             }
         );
         assert!(!details_read);
@@ -1715,6 +1784,7 @@ mod tests {
                 from_upstream: false,
                 status: Some(503),
                 timed_out: false,
+                unsent: true,
             }
         );
         assert!(details_read);
@@ -1726,6 +1796,7 @@ mod tests {
                 from_upstream: true,
                 status: Some(200),
                 timed_out: false,
+                unsent: false,
             }
         );
         // neither readable: not from an upstream
