@@ -580,7 +580,9 @@ impl<H: Host> DownstreamRequest<H> {
         }
     }
 
-    /// Records the latency of an upstream response, once; returns it.
+    /// Records the latency of an upstream response, once; returns it. A
+    /// sampled reply no host received gives the budget its earnings back
+    /// instead (the sample and the reply's origin meet here).
     fn record_sample(&mut self) -> Option<u64> {
         let (cluster, route, started_ns) = self.sample.take()?;
         // Local replies (no healthy host, connect failure, timeouts) are not
