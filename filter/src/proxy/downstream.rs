@@ -376,6 +376,13 @@ impl<H: Host> DownstreamRequest<H> {
         worker.settle(settlement, attempts, latency_us, ended_ns, primary_answered);
     }
 
+    /// Runs `f` on this worker's state, if there is one and no other
+    /// callback holds it (never a panic on a double borrow).
+    fn with_worker<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        let mut worker = self.worker.as_ref()?.try_borrow_mut().ok()?;
+        Some(f(&mut worker))
+    }
+
     /// `mode: shadow`: the attempts Envoy would have made, had the request
     /// been armed: its hedges if it has outlived the delay by now.
     fn shadow_attempts(&self) -> Option<u64> {
@@ -504,12 +511,10 @@ impl<H: Host> DownstreamRequest<H> {
             let would_be = self.shadow_attempts();
             self.settle(would_be, latency_us, None);
         }
-        if let (Some(settlement), Some(latency_us), Some(worker)) =
-            (self.first_byte_verdict.take(), latency_us, &self.worker)
-        {
-            if let Ok(mut worker) = worker.try_borrow_mut() {
-                worker.judge_first_byte(settlement, attempts, latency_us, primary_answered);
-            }
+        if let (Some(settlement), Some(latency_us)) = (self.first_byte_verdict.take(), latency_us) {
+            self.with_worker(|worker| {
+                worker.judge_first_byte(settlement, attempts, latency_us, primary_answered)
+            });
         }
         let answered = answer.and_then(|a| self.report_answer(a, latency_us, attempts));
         // the access log's attribution learns the host that answered now
@@ -591,16 +596,13 @@ impl<H: Host> DownstreamRequest<H> {
         let origin = self.origin();
         if !origin.from_upstream {
             if origin.unsent {
-                if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
-                    worker.on_unsent(cluster);
-                }
+                self.with_worker(|worker| worker.on_unsent(cluster));
             }
             return None;
         }
         let now = self.host.now_ns().ok()?;
         let latency_us = now.saturating_sub(started_ns) / 1000;
-        let mut worker = self.worker.as_ref()?.try_borrow_mut().ok()?;
-        worker.on_response(cluster, route, latency_us);
+        self.with_worker(|worker| worker.on_response(cluster, route, latency_us))?;
         Some(latency_us)
     }
 }
@@ -638,9 +640,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         let timed = self.sample.is_some();
         if let Some(name) = self.unconfirmed_cluster.take() {
             if self.origin().from_upstream {
-                if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
-                    worker.confirm_cluster(&name);
-                }
+                self.with_worker(|worker| worker.confirm_cluster(&name));
             }
         }
         let on_headers = self.signal == LatencySignal::Headers || end_of_stream;
@@ -722,14 +722,14 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         if pick.is_none() && failures == 0 {
             return;
         }
-        if let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) {
+        self.with_worker(|worker| {
             if let Some((cluster, pick)) = pick {
                 worker.end_pick(cluster, pick);
             }
             if failures > 0 {
                 worker.count_host_errors(failures);
             }
-        }
+        });
     }
 }
 
