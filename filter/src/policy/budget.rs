@@ -150,6 +150,12 @@ impl LocalBudget {
             .saturating_sub(signed(self.uncharged).saturating_mul(more));
     }
 
+    /// Free micro-tokens (0 in debt).
+    #[cfg(test)]
+    pub fn free_micro_tokens(&self) -> u64 {
+        self.free.max(0).unsigned_abs()
+    }
+
     #[cfg(test)]
     fn free_tokens(&self) -> f64 {
         self.free as f64 / MICROS_PER_TOKEN as f64
@@ -330,6 +336,23 @@ impl LocalBudget {
             return 0.0;
         }
         (self.free.max(0) as f64 / self.saved_cap as f64).clamp(0.0, 1.0)
+    }
+
+    /// This worker's state is going away (its plugin was replaced: a new
+    /// configuration pushed, a listener updated): every free token goes
+    /// into the pool, for the next worker state to draw at its first
+    /// rebalance, and a debt is paid from the pool as far as it holds.
+    /// The pool's cap is applied by the next `rebalance`. Without it a
+    /// replaced worker dropped its reserve (seconds of earnings) and left
+    /// its debt unpaid. Called once every request of this state ended, so
+    /// no armed hedge is still uncharged.
+    pub fn hand_over(&mut self, pool: &mut u64) {
+        if self.free >= 0 {
+            *pool = pool.saturating_add(self.free.unsigned_abs());
+        } else {
+            *pool = pool.saturating_sub(self.free.unsigned_abs());
+        }
+        self.free = 0;
     }
 
     /// Balances this worker's tokens against the cluster's shared pool
@@ -784,6 +807,25 @@ mod tests {
         let mut short = budget(7 * T);
         short.rebalance(&mut pool, 0, 0);
         assert_eq!((short.free, pool), (10 * T, 37 * U));
+    }
+
+    /// A replaced worker state leaves its savings to the pool and pays its
+    /// debt from it; what the pool cannot cover is the only debt lost.
+    #[test]
+    fn a_replaced_worker_hands_its_tokens_over() {
+        const U: u64 = MICROS_PER_TOKEN;
+        let mut saver = budget(250 * TOKEN);
+        let mut pool = 30 * U;
+        saver.hand_over(&mut pool);
+        assert_eq!((saver.free, pool), (0, 280 * U));
+        // the next state draws them at its first rebalance, up to its cap
+        let mut next = LocalBudget::new(TERMS);
+        next.rebalance(&mut pool, 0, 0);
+        assert_eq!(next.free, 10 * TOKEN);
+        let mut owing = budget(-4 * TOKEN);
+        let mut pool = 3 * U;
+        owing.hand_over(&mut pool);
+        assert_eq!((owing.free, pool), (0, 0));
     }
 
     /// The pool holds at most the whole cluster's reserve at its rate of

@@ -539,6 +539,8 @@ pub struct Worker {
     /// Lines to log on the next tick (`plan` has no logger).
     pending_log: Vec<(Level, String)>,
     admin: AdminReads,
+    /// `retire` was called: the next sync hands the budgets over.
+    retiring: bool,
 }
 
 /// How long a worker waits before looking again for an `admin_cluster`
@@ -631,7 +633,58 @@ impl Worker {
             route_metadata: RouteMetadataCache::default(),
             pending_log: Vec::new(),
             admin: AdminReads::default(),
+            retiring: false,
         }
+    }
+
+    /// A new configuration's first look at shared memory (from the root's
+    /// `on_configure`, before any request): takes up every cluster the
+    /// shared registry holds, as if this worker had confirmed it, and
+    /// syncs once, so that their delays, hosts and the budgets' pool are
+    /// known at once. Why: a configuration pushed to a running Envoy (an
+    /// Istio `WasmPlugin` change through ECDS, an Envoy Gateway listener
+    /// update) makes a new worker state in the same VM; without this, its
+    /// first request of each cluster went unhedged as unconfirmed and the
+    /// rest as warming up until its first tick. Route states
+    /// (`<cluster>.route.<route>`) are made from their route's overrides
+    /// as before. A registry that does not decode adopts nothing. Returns
+    /// how many clusters were taken up.
+    pub fn adopt_shared(
+        &mut self,
+        now_ms: u64,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) -> usize {
+        let Ok(Some((bytes, _))) = store.get(&registry_key(self.geometry)) else {
+            return 0;
+        };
+        let Ok(registry) = Registry::decode(&bytes) else {
+            return 0;
+        };
+        let adopted = registry
+            .names
+            .iter()
+            .filter(|name| !name.contains(".route."))
+            .filter(|name| self.lookup_or_insert(name.as_bytes()).is_some())
+            .count();
+        if adopted > 0 {
+            self.sync(now_ms, store, log);
+        }
+        adopted
+    }
+
+    /// This worker state is going away (the root's `on_done`: its plugin
+    /// was replaced and its last request ended): one last sync merges
+    /// what it learned since its last tick, and every cluster's tokens go
+    /// to the shared pool (`LocalBudget::hand_over`) for the state that
+    /// replaces it. Returns how many clusters handed theirs over.
+    pub fn retire(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) -> usize {
+        self.retiring = true;
+        self.sync(now_ms, store, log);
+        self.clusters
+            .iter()
+            .filter(|c| c.tracking == Tracking::Tracked)
+            .count()
     }
 
     /// The overrides of `route` to `cluster` as read within the last
@@ -1774,6 +1827,7 @@ impl Worker {
             .admin
             .membership
             .members(&state.envoy_cluster, now_ms, period_ms);
+        let retiring = self.retiring;
         let mut budget = state.budget.clone();
         let update = update_shared(
             store,
@@ -1783,7 +1837,11 @@ impl Worker {
             || SharedCluster::new(geometry),
             |shared| {
                 budget = state.budget.clone();
-                budget.rebalance(&mut shared.pool, shared.requests_total, now_ms);
+                if retiring {
+                    budget.hand_over(&mut shared.pool);
+                } else {
+                    budget.rebalance(&mut shared.pool, shared.requests_total, now_ms);
+                }
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
                 shared.long.merge(now_ms, &state.samples);
@@ -3600,6 +3658,56 @@ mod tests {
         assert!(
             potential >= requests / 20,
             "the budget is used: {potential}"
+        );
+    }
+
+    /// A configuration pushed to a running Envoy replaces the worker state
+    /// in the same VM: the new state knows the shared clusters, their delay
+    /// and the old state's savings before its first request (the old one
+    /// retires once its last request ended).
+    #[test]
+    fn a_replaced_worker_state_hedges_at_once_with_what_the_old_one_saved() {
+        let store = MemoryStore::default();
+        let mut old = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut now = T0;
+        for _ in 0..60 {
+            traffic(&mut old, "c", 50, 3000);
+            old.sync(now, &store, &mut Lines::default());
+            now += 200;
+        }
+        let saved = old.cluster(0).unwrap().budget.reserve_fill();
+        assert!(saved > 0.9, "the old state saved its reserve: {saved}");
+        // the new configuration's state is made while the old one drains
+        let mut new = Worker::new(config(r#"{"min_samples": 10, "debug_header": true}"#));
+        assert_eq!(new.adopt_shared(now, &store, &mut Lines::default()), 1);
+        assert!(new.cluster(0).unwrap().hedge_delay().is_some());
+        let old_geometry = old.geometry();
+        let pool = |store: &MemoryStore| {
+            let key = cluster_key(old_geometry, "c");
+            let (bytes, _) = store.get(&key).unwrap().unwrap();
+            SharedCluster::decode(&bytes, old_geometry).unwrap().pool
+        };
+        let before = pool(&store);
+        let free = old.cluster(0).unwrap().budget.free_micro_tokens();
+        assert_eq!(old.retire(now, &store, &mut Lines::default()), 1);
+        assert_eq!(pool(&store), before + free, "its tokens went to the pool");
+        now += 200;
+        new.sync(now, &store, &mut Lines::default());
+        // its first requests are armed: no warm-up, and tokens to pay
+        let first = traffic(&mut new, "c", 20, 3000);
+        assert!(
+            first.iter().all(|d| matches!(d, Decision::Arm(_))),
+            "{first:?}"
+        );
+        // a worker in a fresh VM (nothing shared) still waits its turn
+        let mut fresh = Worker::new(config(r#"{"min_samples": 10}"#));
+        assert_eq!(
+            fresh.adopt_shared(now, &MemoryStore::default(), &mut Lines::default()),
+            0
+        );
+        assert_eq!(
+            fresh.plan_route(Some(b"c"), None, &[], &GET, None).decision,
+            Decision::Skip(Skip::Unconfirmed)
         );
     }
 

@@ -840,6 +840,50 @@ mod tests {
             .unwrap_or_else(|| panic!("{name} was never defined"))
     }
 
+    /// A configuration pushed to a running Envoy (ECDS, a listener
+    /// update) makes a new plugin in the same VM beside the old one: the
+    /// new one hedges from its first request, with the delay and the
+    /// tokens the old one left in shared memory, and the old one, once its
+    /// last request ended, hands its tokens over.
+    #[test]
+    fn a_pushed_configuration_hedges_from_its_first_request() {
+        let (host, mut old) = warmed("{}");
+        // long enough for the worker to fill its reserve and the pool
+        for _ in 0..10 {
+            for _ in 0..50 {
+                exchange(&host, &old, GET, 5, 1);
+            }
+            host.advance_ms(200);
+            old.on_tick();
+        }
+        let json = br#"{"debug_header": true}"#;
+        host.state_mut().configuration = Some(json.to_vec());
+        let mut new = Plugin::new(host.clone());
+        assert!(new.on_configure(json.len()));
+        assert!(host.logged("1 clusters taken up from shared memory"));
+        // learned already: neither unconfirmed nor warming up (the old
+        // plugin's tokens are its own until it retires)
+        exchange(&host, &new, GET, 5, 1);
+        let said = host.response_header_text(DEBUG_HEADER).unwrap_or_default();
+        assert!(
+            said.starts_with("skipped; reason=budget_exhausted"),
+            "{said}"
+        );
+        old.on_done();
+        assert!(host.logged("configuration retired; 1 clusters' budgets handed over"));
+        // the new one's next tick draws them: its reserve goes on
+        host.advance_ms(200);
+        new.on_tick();
+        for _ in 0..20 {
+            exchange(&host, &new, GET, 1, 1);
+            let said = host.response_header_text(DEBUG_HEADER).unwrap_or_default();
+            assert!(said.starts_with("armed;"), "{said}");
+        }
+        // a first start finds nothing to take up
+        let (fresh, _) = plugin("{}");
+        assert!(!fresh.logged("taken up"));
+    }
+
     /// A request Envoy answered itself before any host received it (no
     /// healthy host, the circuit breaker full) gives back what it earned;
     /// one that may have reached a host (a connection failure, perhaps

@@ -104,7 +104,45 @@ impl<H: Host> Plugin<H> {
         self.placement = Rc::new(Placement::new(config.role));
         self.worker =
             (config.role == Role::Downstream).then(|| Rc::new(RefCell::new(Worker::new(config))));
+        // A configuration pushed to a running Envoy: what earlier ones
+        // learned is in shared memory (a first start finds nothing).
+        if let (Some(worker), Ok(now_ns)) = (&self.worker, self.host.now_ns()) {
+            if let Ok(mut worker) = worker.try_borrow_mut() {
+                let mut host = self.host.clone();
+                let adopted = worker.adopt_shared(now_ns / 1_000_000, &self.host, &mut host);
+                if adopted > 0 {
+                    self.host.log(
+                        Level::Info,
+                        &format!("adaptive-hedge: {adopted} clusters taken up from shared memory"),
+                    );
+                }
+            }
+        }
         true
+    }
+
+    /// The plugin is going away (replaced by a new configuration, or
+    /// Envoy stopping), after its last stream: what this worker learned
+    /// since its last tick, its counts and its budgets' tokens go to
+    /// shared memory and the stats, for the configuration that follows.
+    pub fn on_done(&mut self) {
+        let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) else {
+            return;
+        };
+        let Ok(now_ns) = self.host.now_ns() else {
+            return;
+        };
+        let mut host = self.host.clone();
+        let handed = worker.retire(now_ns / 1_000_000, &self.host, &mut host);
+        worker.flush_metrics(&mut host);
+        if handed > 0 {
+            self.host.log(
+                Level::Info,
+                &format!(
+                    "adaptive-hedge: configuration retired; {handed} clusters' budgets handed over"
+                ),
+            );
+        }
     }
 
     fn log_error(&mut self, message: &str) {
@@ -281,8 +319,9 @@ mod tests {
     fn a_tick_without_a_clock_or_shared_memory_changes_nothing() {
         let (host, mut plugin) = plugin("{}");
         host.fail("now_ns");
+        let before = host.calls_to("get_shared_data");
         plugin.on_tick();
-        assert_eq!(host.calls_to("get_shared_data"), 0);
+        assert_eq!(host.calls_to("get_shared_data"), before);
         host.state_mut().failing = vec!["get_shared_data".into()];
         // an upstream answered: the cluster is tracked, registered on the tick
         tracked_backend(&host, &plugin);

@@ -25,6 +25,11 @@ fn sdk(action: Action) -> SdkAction {
 struct Root(Plugin<Abi>);
 
 impl Context for Root {
+    fn on_done(&mut self) -> bool {
+        self.0.on_done();
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token_id: u32,
