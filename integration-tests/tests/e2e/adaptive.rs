@@ -330,8 +330,8 @@ fn two_workers_learn_together() {
                     .is_some_and(|v| *v >= n)
             })
         };
-        // a worker's first request to a cluster comes before any upstream of
-        // it answered: not tracked, no sample
+        // the first worker's first request to a cluster comes before any
+        // upstream of it answered: not tracked, no sample
         for _ in 0..61 {
             a.get("/", &[]).await.unwrap();
         }
@@ -341,9 +341,12 @@ fn two_workers_learn_together() {
             decision(a.get("/", &[]).await.unwrap()),
             "skipped; reason=warming_up"
         );
+        // the second worker's first stream takes up the cluster the first
+        // one registered (no request of it goes unconfirmed) and the
+        // shared window: still 60 samples
         assert_eq!(
             decision(b.get("/", &[]).await.unwrap()),
-            "skipped; reason=unconfirmed"
+            "skipped; reason=warming_up"
         );
         for _ in 0..61 {
             b.get("/", &[]).await.unwrap();
