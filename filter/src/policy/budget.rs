@@ -344,9 +344,13 @@ impl LocalBudget {
     /// rebalance, and a debt is paid from the pool as far as it holds.
     /// The pool's cap is applied by the next `rebalance`. Without it a
     /// replaced worker dropped its reserve (seconds of earnings) and left
-    /// its debt unpaid. Called once every request of this state ended, so
-    /// no armed hedge is still uncharged.
+    /// its debt unpaid. Called once every request of this state ended
+    /// (Envoy ends a plugin after its last stream), so no armed hedge
+    /// should still be uncharged; any that is, is charged as sent.
     pub fn hand_over(&mut self, pool: &mut u64) {
+        self.free = self.free.saturating_sub(self.exposure());
+        self.cohorts.clear();
+        self.uncharged = 0;
         if self.free >= 0 {
             *pool = pool.saturating_add(self.free.unsigned_abs());
         } else {
@@ -826,6 +830,13 @@ mod tests {
         let mut pool = 3 * U;
         owing.hand_over(&mut pool);
         assert_eq!((owing.free, pool), (0, 0));
+        // a hedge still armed (Envoy ends a plugin after its last stream,
+        // so none should be) is charged as sent
+        let mut armed = budget(5 * TOKEN);
+        armed.reserve(2, 1);
+        let mut pool = 0;
+        armed.hand_over(&mut pool);
+        assert_eq!((pool, armed.uncharged), (3 * U, 0));
     }
 
     /// The pool holds at most the whole cluster's reserve at its rate of

@@ -539,9 +539,15 @@ pub struct Worker {
     /// Lines to log on the next tick (`plan` has no logger).
     pending_log: Vec<(Level, String)>,
     admin: AdminReads,
-    /// `retire` was called: the next sync hands the budgets over.
+    /// In `retire`: its sync hands the budgets over, and counts the
+    /// clusters whose shared value took them.
     retiring: bool,
+    handed_over: usize,
 }
+
+/// Clusters a new plugin reads from shared memory as it takes them up
+/// (`Worker::adopt_shared`); the rest wait for its first tick.
+const ADOPTED_SYNCED_AT_ONCE: usize = 64;
 
 /// How long a worker waits before looking again for an `admin_cluster`
 /// that Envoy did not have (its default, not written in the configuration).
@@ -634,11 +640,12 @@ impl Worker {
             pending_log: Vec::new(),
             admin: AdminReads::default(),
             retiring: false,
+            handed_over: 0,
         }
     }
 
-    /// A new configuration's first look at shared memory (from the root's
-    /// `on_configure`, before any request): takes up every cluster the
+    /// A new configuration's first look at shared memory (from the root,
+    /// as its first stream is made): takes up every cluster the
     /// shared registry holds, as if this worker had confirmed it, and
     /// syncs once, so that their delays, hosts and the budgets' pool are
     /// known at once. Why: a configuration pushed to a running Envoy (an
@@ -661,16 +668,27 @@ impl Worker {
         let Ok(registry) = Registry::decode(&bytes) else {
             return 0;
         };
-        let adopted = registry
+        // a push may have lowered max_clusters: no more than it
+        let ids: Vec<ClusterId> = registry
             .names
             .iter()
             .filter(|name| !name.contains(".route."))
-            .filter(|name| self.lookup_or_insert(name.as_bytes()).is_some())
-            .count();
-        if adopted > 0 {
-            self.sync(now_ms, store, log);
+            .take(self.config.max_clusters)
+            .filter_map(|name| self.lookup_or_insert(name.as_bytes()))
+            .collect();
+        if ids.is_empty() {
+            return 0;
         }
-        adopted
+        self.register_pending(now_ms, store, log);
+        self.look_at_membership(now_ms, store);
+        // This runs as a request's stream is made: the first
+        // `ADOPTED_SYNCED_AT_ONCE` clusters (the registry's oldest) are
+        // read now, the rest at the next tick, so that a mesh of a
+        // thousand clusters does not hold that request for milliseconds.
+        for &id in ids.iter().take(ADOPTED_SYNCED_AT_ONCE) {
+            self.sync_cluster(id, now_ms, store, log);
+        }
+        ids.len()
     }
 
     /// This worker state is going away (the root's `on_done`: its plugin
@@ -680,11 +698,10 @@ impl Worker {
     /// replaces it. Returns how many clusters handed theirs over.
     pub fn retire(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) -> usize {
         self.retiring = true;
-        self.sync(now_ms, store, log);
-        self.clusters
-            .iter()
-            .filter(|c| c.tracking == Tracking::Tracked)
-            .count()
+        self.handed_over = 0;
+        self.sync_shared(now_ms, store, log);
+        self.retiring = false;
+        self.handed_over
     }
 
     /// The overrides of `route` to `cluster` as read within the last
@@ -1344,6 +1361,16 @@ impl Worker {
                 c.tracking = Tracking::Pending;
             }
         }
+        self.sync_shared(now_ms, store, log);
+    }
+
+    /// The tick's shared-memory part alone: register new clusters, merge
+    /// into each cluster's shared value, refresh the delays. Taking up the
+    /// registry and retiring call it out of the ticks' cadence: a second
+    /// tick a moment after the last would count a tick that did not pass
+    /// (the budget's rate, its cohorts, an eviction marker "seen at two
+    /// ticks").
+    fn sync_shared(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
         if !self.unregister.is_empty()
             || self
                 .clusters
@@ -1897,6 +1924,9 @@ impl Worker {
         state.requests_unsynced = 0;
         state.sent_unsynced = 0;
         state.budget = budget;
+        if retiring {
+            self.handed_over += 1;
+        }
         state.shared_bytes = shared.bytes;
         let window = shared.value.window.snapshot(now_ms);
         state.window_samples = window.count();
@@ -3709,6 +3739,37 @@ mod tests {
             fresh.plan_route(Some(b"c"), None, &[], &GET, None).decision,
             Decision::Skip(Skip::Unconfirmed)
         );
+    }
+
+    /// Taking up a large registry reads only the oldest clusters at once
+    /// (it runs as a request's stream is made); the rest at the next tick.
+    /// Route states are left to their routes' overrides.
+    #[test]
+    fn a_large_registry_is_taken_up_in_part_before_the_tick() {
+        let store = MemoryStore::default();
+        let mut old = Worker::new(config(r#"{"min_samples": 10}"#));
+        let names: Vec<String> = (0..100).map(|i| format!("c{i}")).collect();
+        for _ in 0..2 {
+            for name in &names {
+                traffic(&mut old, name, 20, 3000);
+            }
+            old.sync(T0, &store, &mut Lines::default());
+        }
+        let mut new = Worker::new(config(r#"{"min_samples": 10}"#));
+        assert_eq!(
+            new.adopt_shared(T0 + 100, &store, &mut Lines::default()),
+            100
+        );
+        let learned = |w: &Worker| {
+            (0..100)
+                .filter(|&id| w.cluster(id).is_some_and(|c| c.hedge_delay().is_some()))
+                .count()
+        };
+        assert_eq!(learned(&new), ADOPTED_SYNCED_AT_ONCE);
+        new.sync(T0 + 200, &store, &mut Lines::default());
+        assert_eq!(learned(&new), 100);
+        // no second tick was counted for it
+        assert_eq!(new.ticks, 1);
     }
 
     /// A second attempt answered before the per-try timeout by another
