@@ -539,10 +539,15 @@ pub struct Worker {
     /// Lines to log on the next tick (`plan` has no logger).
     pending_log: Vec<(Level, String)>,
     admin: AdminReads,
-    /// In `retire`: its sync hands the budgets over, and counts the
-    /// clusters whose shared value took them.
-    retiring: bool,
-    handed_over: usize,
+}
+
+/// What a cluster's sync does with its budget and the shared pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PoolTurn {
+    /// Keep up to the worker's cap, deposit or draw the rest (a tick).
+    Rebalance,
+    /// Leave every token to the pool (`retire`).
+    HandOver,
 }
 
 /// Clusters a new plugin reads from shared memory as it takes them up
@@ -639,16 +644,15 @@ impl Worker {
             route_metadata: RouteMetadataCache::default(),
             pending_log: Vec::new(),
             admin: AdminReads::default(),
-            retiring: false,
-            handed_over: 0,
         }
     }
 
     /// A new configuration's first look at shared memory (from the root,
-    /// as its first stream is made): takes up every cluster the
-    /// shared registry holds, as if this worker had confirmed it, and
-    /// syncs once, so that their delays, hosts and the budgets' pool are
-    /// known at once. Why: a configuration pushed to a running Envoy (an
+    /// as its first stream is made): takes up every cluster the shared
+    /// registry holds (at most `max_clusters`), as if this worker had
+    /// confirmed it, and reads the oldest `ADOPTED_SYNCED_AT_ONCE` of
+    /// them, so that their delays, hosts and the budgets' pool are known
+    /// at once. Why: a configuration pushed to a running Envoy (an
     /// Istio `WasmPlugin` change through ECDS, an Envoy Gateway listener
     /// update) makes a new worker state in the same VM; without this, its
     /// first request of each cluster went unhedged as unconfirmed and the
@@ -686,7 +690,7 @@ impl Worker {
         // read now, the rest at the next tick, so that a mesh of a
         // thousand clusters does not hold that request for milliseconds.
         for &id in ids.iter().take(ADOPTED_SYNCED_AT_ONCE) {
-            self.sync_cluster(id, now_ms, store, log);
+            self.sync_cluster(id, now_ms, store, log, PoolTurn::Rebalance);
         }
         ids.len()
     }
@@ -695,13 +699,9 @@ impl Worker {
     /// was replaced and its last request ended): one last sync merges
     /// what it learned since its last tick, and every cluster's tokens go
     /// to the shared pool (`LocalBudget::hand_over`) for the state that
-    /// replaces it. Returns how many clusters handed theirs over.
+    /// replaces it. Returns how many clusters' shared values took them.
     pub fn retire(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) -> usize {
-        self.retiring = true;
-        self.handed_over = 0;
-        self.sync_shared(now_ms, store, log);
-        self.retiring = false;
-        self.handed_over
+        self.sync_shared(now_ms, store, log, PoolTurn::HandOver)
     }
 
     /// The overrides of `route` to `cluster` as read within the last
@@ -1361,7 +1361,7 @@ impl Worker {
                 c.tracking = Tracking::Pending;
             }
         }
-        self.sync_shared(now_ms, store, log);
+        self.sync_shared(now_ms, store, log, PoolTurn::Rebalance);
     }
 
     /// The tick's shared-memory part alone: register new clusters, merge
@@ -1369,8 +1369,14 @@ impl Worker {
     /// registry and retiring call it out of the ticks' cadence: a second
     /// tick a moment after the last would count a tick that did not pass
     /// (the budget's rate, its cohorts, an eviction marker "seen at two
-    /// ticks").
-    fn sync_shared(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) {
+    /// ticks"). Returns how many clusters' shared values were updated.
+    fn sync_shared(
+        &mut self,
+        now_ms: u64,
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+        pool: PoolTurn,
+    ) -> usize {
         if !self.unregister.is_empty()
             || self
                 .clusters
@@ -1380,9 +1386,9 @@ impl Worker {
             self.register_pending(now_ms, store, log);
         }
         self.look_at_membership(now_ms, store);
-        for id in 0..self.clusters.len() {
-            self.sync_cluster(id, now_ms, store, log);
-        }
+        (0..self.clusters.len())
+            .filter(|&id| self.sync_cluster(id, now_ms, store, log, pool))
+            .count()
     }
 
     fn tracks_a_cluster(&self) -> bool {
@@ -1841,20 +1847,20 @@ impl Worker {
         now_ms: u64,
         store: &dyn SharedStore,
         log: &mut dyn Logger,
-    ) {
+        pool: PoolTurn,
+    ) -> bool {
         let geometry = self.geometry;
         let period_ms = membership_period_ms(&self.config, self.tick_us);
         let Some(state) = self.clusters.get_mut(id) else {
-            return;
+            return false;
         };
         if state.tracking != Tracking::Tracked {
-            return;
+            return false;
         }
         let members = self
             .admin
             .membership
             .members(&state.envoy_cluster, now_ms, period_ms);
-        let retiring = self.retiring;
         let mut budget = state.budget.clone();
         let update = update_shared(
             store,
@@ -1864,10 +1870,11 @@ impl Worker {
             || SharedCluster::new(geometry),
             |shared| {
                 budget = state.budget.clone();
-                if retiring {
-                    budget.hand_over(&mut shared.pool);
-                } else {
-                    budget.rebalance(&mut shared.pool, shared.requests_total, now_ms);
+                match pool {
+                    PoolTurn::Rebalance => {
+                        budget.rebalance(&mut shared.pool, shared.requests_total, now_ms)
+                    }
+                    PoolTurn::HandOver => budget.hand_over(&mut shared.pool),
                 }
                 shared.window.merge(now_ms, &state.samples);
                 shared.window.expire(now_ms);
@@ -1898,7 +1905,7 @@ impl Worker {
             if self.stranded(&name) && !self.unregister.contains(&name) {
                 self.unregister.push(name);
             }
-            return;
+            return false;
         }
         if let (Some(e), false) = (&update.reset, state.reset_logged) {
             state.reset_logged = true;
@@ -1908,10 +1915,10 @@ impl Worker {
             );
         }
         let Some(shared) = self.account(update, log, "cluster") else {
-            return;
+            return false;
         };
         let Some(state) = self.clusters.get_mut(id) else {
-            return;
+            return false;
         };
         if !self.markers_seen.is_empty() {
             // its value decoded: a marker seen before is gone
@@ -1924,9 +1931,6 @@ impl Worker {
         state.requests_unsynced = 0;
         state.sent_unsynced = 0;
         state.budget = budget;
-        if retiring {
-            self.handed_over += 1;
-        }
         state.shared_bytes = shared.bytes;
         let window = shared.value.window.snapshot(now_ms);
         state.window_samples = window.count();
@@ -2050,6 +2054,7 @@ impl Worker {
             },
             |d| timer.apply(d, policy),
         );
+        true
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,

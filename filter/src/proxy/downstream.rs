@@ -842,9 +842,9 @@ mod tests {
 
     /// A configuration pushed to a running Envoy (ECDS, a listener
     /// update) makes a new plugin in the same VM beside the old one: the
-    /// new one hedges from its first request, with the delay and the
-    /// tokens the old one left in shared memory, and the old one, once its
-    /// last request ended, hands its tokens over.
+    /// new one knows the cluster's delay from its first request, and
+    /// hedges with the tokens the old one hands over once its last
+    /// request ended.
     #[test]
     fn a_pushed_configuration_hedges_from_its_first_request() {
         let (host, mut old) = warmed("{}");
