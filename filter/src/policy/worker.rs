@@ -673,26 +673,29 @@ impl Worker {
             return 0;
         };
         // a push may have lowered max_clusters: no more than it
-        let ids: Vec<ClusterId> = registry
+        let adopted = registry
             .names
             .iter()
             .filter(|name| !name.contains(".route."))
             .take(self.config.max_clusters)
-            .filter_map(|name| self.lookup_or_insert(name.as_bytes()))
-            .collect();
-        if ids.is_empty() {
-            return 0;
+            .filter(|name| self.lookup_or_insert(name.as_bytes()).is_some())
+            .count();
+        if adopted > 0 {
+            // This runs as a request's stream is made, before the plugin's
+            // first: its clusters are the ones just taken up, the
+            // registry's oldest first. The first `ADOPTED_SYNCED_AT_ONCE`
+            // are read now, the rest at the next tick, so that a mesh of
+            // a thousand clusters does not hold that request for
+            // milliseconds.
+            self.sync_shared(
+                now_ms,
+                store,
+                log,
+                PoolTurn::Rebalance,
+                ADOPTED_SYNCED_AT_ONCE,
+            );
         }
-        self.register_pending(now_ms, store, log);
-        self.look_at_membership(now_ms, store);
-        // This runs as a request's stream is made: the first
-        // `ADOPTED_SYNCED_AT_ONCE` clusters (the registry's oldest) are
-        // read now, the rest at the next tick, so that a mesh of a
-        // thousand clusters does not hold that request for milliseconds.
-        for &id in ids.iter().take(ADOPTED_SYNCED_AT_ONCE) {
-            self.sync_cluster(id, now_ms, store, log, PoolTurn::Rebalance);
-        }
-        ids.len()
+        adopted
     }
 
     /// This worker state is going away (the root's `on_done`: its plugin
@@ -701,7 +704,7 @@ impl Worker {
     /// to the shared pool (`LocalBudget::hand_over`) for the state that
     /// replaces it. Returns how many clusters' shared values took them.
     pub fn retire(&mut self, now_ms: u64, store: &dyn SharedStore, log: &mut dyn Logger) -> usize {
-        self.sync_shared(now_ms, store, log, PoolTurn::HandOver)
+        self.sync_shared(now_ms, store, log, PoolTurn::HandOver, usize::MAX)
     }
 
     /// The overrides of `route` to `cluster` as read within the last
@@ -1361,7 +1364,7 @@ impl Worker {
                 c.tracking = Tracking::Pending;
             }
         }
-        self.sync_shared(now_ms, store, log, PoolTurn::Rebalance);
+        self.sync_shared(now_ms, store, log, PoolTurn::Rebalance, usize::MAX);
     }
 
     /// The tick's shared-memory part alone: register new clusters, merge
@@ -1369,13 +1372,15 @@ impl Worker {
     /// registry and retiring call it out of the ticks' cadence: a second
     /// tick a moment after the last would count a tick that did not pass
     /// (the budget's rate, its cohorts, an eviction marker "seen at two
-    /// ticks"). Returns how many clusters' shared values were updated.
+    /// ticks"). Syncs the first `limit` clusters. Returns how many
+    /// clusters' shared values were updated.
     fn sync_shared(
         &mut self,
         now_ms: u64,
         store: &dyn SharedStore,
         log: &mut dyn Logger,
         pool: PoolTurn,
+        limit: usize,
     ) -> usize {
         if !self.unregister.is_empty()
             || self
@@ -1386,7 +1391,7 @@ impl Worker {
             self.register_pending(now_ms, store, log);
         }
         self.look_at_membership(now_ms, store);
-        (0..self.clusters.len())
+        (0..self.clusters.len().min(limit))
             .filter(|&id| self.sync_cluster(id, now_ms, store, log, pool))
             .count()
     }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::harness::envoy::{envoy_executable, Envoy, EnvoyOptions, Launcher};
 use crate::harness::load;
 use crate::harness::sim::{Latency, Simulator};
+use crate::harness::RemoveOnDrop;
 
 /// Instructions per request and per idle second.
 #[derive(Clone, Copy, Debug)]
@@ -59,15 +60,6 @@ fn totals(path: &Path) -> Result<f64, String> {
             return Err(format!("no callgrind totals in {}", path.display()));
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// A directory removed when it goes out of scope.
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

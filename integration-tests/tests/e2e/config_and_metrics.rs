@@ -7,6 +7,7 @@ use std::time::Duration;
 use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load;
 use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::harness::{replace_file, RemoveOnDrop};
 use integration_tests::runtime;
 
 /// Each mistake makes Envoy refuse to start, and its log names the field.
@@ -257,14 +258,6 @@ resources:
     )
 }
 
-/// Writes `text` to `path` the way a control plane's file delivery does
-/// (a rename), so that Envoy's watch never reads half a file.
-fn replace_file(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// A new configuration pushed to a running Envoy (through ECDS, as Istio
 /// updates a `WasmPlugin`) makes a new plugin in the same VM while the
 /// old one drains. The new one hedges at once with what the old one
@@ -283,7 +276,7 @@ fn a_configuration_pushed_at_run_time_hedges_at_once() {
     // nothing here; a 10 ms floor keeps the 3 ms upstream from hedging
     let old = r#"{"debug_header": true, "min_delay": "10ms"}"#;
     let new = r#"{"debug_header": true, "min_delay": "10ms", "admin_refresh": "6s"}"#;
-    replace_file(&resource, &ecds_resource(1, old));
+    replace_file(&resource, &ecds_resource(1, old)).unwrap();
     // envoy.yaml's filter, its configuration given by ECDS instead of inline
     let text = std::fs::read_to_string(
         integration_tests::harness::envoy::repo_root().join("envoy-configs/envoy.yaml"),
@@ -340,7 +333,7 @@ fn a_configuration_pushed_at_run_time_hedges_at_once() {
         let r = load::closed_loop(&client, &url, 2, 1500, Duration::from_secs(20)).await;
         assert_eq!(r.ok(), 1500, "{}", r.summary());
         sent += 1500;
-        replace_file(&resource, &ecds_resource(2, new));
+        replace_file(&resource, &ecds_resource(2, new)).unwrap();
         // every thread (the main one and both workers) has the new plugin,
         // and the old ones have gone (Envoy ends a plugin once its last
         // stream has)
@@ -410,13 +403,4 @@ fn a_configuration_pushed_at_run_time_hedges_at_once() {
     });
     assert_eq!(requests_total(&stats), sent as i64);
     envoy.assert_no_vm_failure();
-}
-
-/// A directory removed when the test ends, passed or not.
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

@@ -669,9 +669,7 @@ fn write_eds(dir: &Path, ports: &[u16]) {
         "version_info: \"{}\"\nresources:\n  - \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n    cluster_name: backend\n    endpoints:\n    - lb_endpoints:\n{endpoints}",
         ports.len()
     );
-    let tmp = dir.join("eds.yaml.tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join("eds.yaml")).unwrap();
+    integration_tests::harness::replace_file(&dir.join("eds.yaml"), &text).unwrap();
 }
 
 /// A host removed from the cluster (EDS) stops being named at once (each
