@@ -10,10 +10,11 @@
 //! - arming sets aside the hedge's expected cost (`set_aside`: 0.06 of a
 //!   token when the delay is the p94), not a whole token: most armed requests
 //!   finish before their delay;
-//! - once the delay of a request armed in some tick has passed (checked on
-//!   the ticks), a request of that tick still running has sent its hedge:
-//!   the rest of its token is charged then, not when it ends, so that a long
-//!   request's hedge is paid when it is sent;
+//! - once the delay of an armed request has passed (checked on the ticks;
+//!   armed hedges are kept by the tick their delay has passed at), a request
+//!   still running has sent its hedge: the rest of its token is charged
+//!   then, not when it ends, so that a long request's hedge is paid when it
+//!   is sent;
 //! - when the request ends, what it did not use comes back: the set-aside of
 //!   a request that ended before its delay, the token of a hedge that was
 //!   charged but not sent. The balance may go below zero (a debt); arming
@@ -43,14 +44,12 @@
 
 use std::collections::VecDeque;
 
-/// Ticks of armed requests kept apart: as many as the delay spans, at
-/// least `MIN_COHORTS` and at most `MAX_COHORTS` (five minutes, the
-/// longest `max_delay`, at the default tick: 36 KB at most per cluster and
-/// worker). Older ones are charged as hedged (conservative: a delay longer
-/// than that is charged early and refunded when its request ends first;
-/// meanwhile the balance is lower than what was really spent, and the
-/// refusals for want of tokens raise the delay).
-const MIN_COHORTS: usize = 64;
+/// The most cohorts (ticks at which armed hedges fall due) kept apart:
+/// every tick of five minutes, the longest `max_delay`, at the default tick
+/// (36 KB at most per cluster and worker). Past it the soonest due are
+/// charged early, as if hedged (conservative: refunded when their request
+/// ends first; meanwhile the balance is lower than what was really spent,
+/// and the refusals for want of tokens raise the delay).
 const MAX_COHORTS: usize = 1_500;
 
 /// The exposure cap covers the requests of at most this many seconds (see `tick`).
@@ -85,14 +84,21 @@ pub struct BudgetTerms {
     pub reserve_ms: u64,
 }
 
-/// The armed hedges of one tick not yet charged in full.
+/// The armed hedges not yet charged in full whose delay has passed at the
+/// same tick.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Cohort {
-    tick: u64,
-    /// Armed and not yet settled.
-    hedges: u64,
     /// The tick from which they have all passed their delay.
     due: u64,
+    /// Armed and not yet settled.
+    hedges: u64,
+}
+
+/// The tick from which hedges armed in tick `armed` with a delay of
+/// `delay_ticks` ticks have all passed it (armed at most a tick before the
+/// next one).
+fn due_tick(armed: u64, delay_ticks: u64) -> u64 {
+    armed.saturating_add(1).saturating_add(delay_ticks)
 }
 
 /// One worker's tokens for one cluster.
@@ -101,8 +107,8 @@ pub struct LocalBudget {
     terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
     free: i64,
-    /// Armed hedges not yet charged in full, by the tick they were armed in,
-    /// and their sum (read on every request).
+    /// Armed hedges not yet charged in full, by the tick their delay has
+    /// passed at (soonest first), and their sum (read on every request).
     cohorts: VecDeque<Cohort>,
     uncharged: u64,
     /// The most the cohorts may cost beyond their set-asides (see `tick`).
@@ -210,7 +216,7 @@ impl LocalBudget {
         self.free < TOKEN
     }
 
-    /// The tick the next armed hedges belong to (their `Settlement`'s).
+    /// The tick the next armed hedges are armed in (their `Settlement`'s).
     pub fn cohort(&self) -> u64 {
         self.now
     }
@@ -221,29 +227,41 @@ impl LocalBudget {
     pub fn reserve(&mut self, hedges: u32, delay_ticks: u64) {
         let n = i64::from(hedges);
         self.free = self.free.saturating_sub(n.saturating_mul(self.set_aside()));
-        let due = self.now.saturating_add(1).saturating_add(delay_ticks);
+        let due = due_tick(self.now, delay_ticks);
         self.uncharged += u64::from(hedges);
-        match self.cohorts.back_mut() {
-            Some(c) if c.tick == self.now => {
-                c.hedges += u64::from(hedges);
-                c.due = c.due.max(due);
-            }
-            _ => self.cohorts.push_back(Cohort {
-                tick: self.now,
-                hedges: u64::from(hedges),
-                due,
-            }),
+        // Kept by due tick, not by the tick armed in: with per-route delays
+        // a cohort of one slow route's requests (a delay of seconds) at the
+        // front held back the charging of every later one, a fast route's
+        // hedges sent long before included, and the balance read higher
+        // than what was spent. The due tick is nearly always the newest.
+        let at = self
+            .cohorts
+            .iter()
+            .rposition(|c| c.due <= due)
+            .map_or(0, |i| i + 1);
+        match at.checked_sub(1).and_then(|i| self.cohorts.get_mut(i)) {
+            Some(c) if c.due == due => c.hedges += u64::from(hedges),
+            _ => self.cohorts.insert(
+                at,
+                Cohort {
+                    due,
+                    hedges: u64::from(hedges),
+                },
+            ),
         }
     }
 
-    /// A request armed in tick `cohort` with `reserved` hedges ended
-    /// having sent `sent`.
-    pub fn settle(&mut self, cohort: u64, reserved: u32, sent: u32) {
+    /// A request armed in tick `cohort` with `reserved` hedges whose delay
+    /// was `delay_ticks` ticks (as `reserve` was told) ended having sent
+    /// `sent`.
+    pub fn settle(&mut self, cohort: u64, delay_ticks: u64, reserved: u32, sent: u32) {
         let paid = i64::from(sent).saturating_mul(TOKEN);
+        let due = due_tick(cohort, delay_ticks);
         let unsettled = self
             .cohorts
             .iter_mut()
-            .find(|c| c.tick == cohort && c.hedges >= u64::from(reserved));
+            .rev()
+            .find(|c| c.due == due && c.hedges >= u64::from(reserved));
         let returned = match unsettled {
             // not charged yet: its set-asides come back
             Some(c) => {
@@ -283,11 +301,8 @@ impl LocalBudget {
         };
         self.rate_per_tick = Some(rate);
         let rest = TOKEN - self.set_aside();
-        let kept = usize::try_from(delay_ticks.saturating_add(2))
-            .unwrap_or(MAX_COHORTS)
-            .clamp(MIN_COHORTS, MAX_COHORTS);
         while let Some(c) = self.cohorts.front() {
-            if c.due > now && self.cohorts.len() <= kept {
+            if c.due > now && self.cohorts.len() <= MAX_COHORTS {
                 break;
             }
             let charge = signed(c.hedges).saturating_mul(rest);
@@ -624,7 +639,7 @@ mod tests {
         // (the exposure, 18.4, is the free tokens plus the cap)
         assert!(!b.short_of_tokens(), "{}", b.free_tokens());
         for (n, cohort) in armed {
-            b.settle(cohort, n, n); // a stall: every one of them hedged
+            b.settle(cohort, 1, n, n); // a stall: every one of them hedged
         }
         assert!((b.free_tokens() + 10.0).abs() < 1e-9, "{}", b.free_tokens());
         assert_eq!(arm(&mut b, 1).0, 0, "in debt");
@@ -650,7 +665,7 @@ mod tests {
         assert_eq!(armed.iter().map(|a| a.0).sum::<u32>(), 20);
         // they end; 3 of them hedged: the budget is 10 - 3 tokens
         for (i, (n, cohort)) in armed.into_iter().enumerate() {
-            b.settle(cohort, n, u32::from(i < 3) * n);
+            b.settle(cohort, 1, n, u32::from(i < 3) * n);
         }
         assert!((b.free_tokens() - 7.0).abs() < 1e-9, "{}", b.free_tokens());
         assert_eq!(b.exposure(), 0);
@@ -679,6 +694,30 @@ mod tests {
         );
     }
 
+    /// Per-route delays: a slow route's hedges armed first (a delay of 25
+    /// ticks) hold back the charging of no fast route's (due in a tick),
+    /// armed in the same tick or after. Kept by the tick armed in, the
+    /// fast ones waited for the slow one's delay, and the balance read 0.92
+    /// tokens a hedge higher than what was spent.
+    #[test]
+    fn a_slow_route_s_hedges_hold_back_no_faster_one_s_charge() {
+        let mut b = budget(5 * TOKEN);
+        b.reserve(1, 25);
+        b.reserve(1, 0); // the same tick
+        b.tick(1, 10, TICKS_PER_SECOND, 25);
+        assert!((b.free_tokens() - 3.92).abs() < 1e-9, "{}", b.free_tokens());
+        b.reserve(1, 0);
+        b.tick(2, 10, TICKS_PER_SECOND, 25);
+        assert!((b.free_tokens() - 2.92).abs() < 1e-9, "{}", b.free_tokens());
+        // the slow one ends in time: its set-aside comes back; the fast
+        // ones had sent their hedges and pay nothing more
+        b.settle(0, 25, 1, 0);
+        b.settle(0, 0, 1, 1);
+        b.settle(1, 0, 1, 1);
+        assert!((b.free_tokens() - 3.0).abs() < 1e-9, "{}", b.free_tokens());
+        assert_eq!(b.exposure(), 0);
+    }
+
     /// A route's overrides change while hedges are armed: those refunded
     /// after the change give back what they took, no more, and those
     /// charged cost a whole token each.
@@ -691,7 +730,7 @@ mod tests {
             set_aside: micro_tokens(0.3),
             ..TERMS
         });
-        b.settle(cohort, 1, 0);
+        b.settle(cohort, 1, 1, 0);
         assert!((b.free_tokens() - 4.7).abs() < 1e-9, "{}", b.free_tokens());
         b.tick(3, 10, TICKS_PER_SECOND, 1); // the other one's delay passed
         assert!((b.free_tokens() - 4.0).abs() < 1e-9, "{}", b.free_tokens());
@@ -712,14 +751,14 @@ mod tests {
         assert!((b.free_tokens() - 4.0).abs() < 1e-9, "still running: sent");
         assert_eq!(b.exposure(), 0);
         // it ends: the router never sent the hedge (it answered in time after all)
-        b.settle(cohort, 1, 0);
+        b.settle(cohort, 2, 1, 0);
         assert!((b.free_tokens() - 5.0).abs() < 1e-9, "{}", b.free_tokens());
         // one that did send it pays nothing more
         let n = b.affordable(1);
         b.reserve(n, 0);
         let cohort = b.cohort();
         b.tick(4, 10, TICKS_PER_SECOND, 0);
-        b.settle(cohort, 1, 1);
+        b.settle(cohort, 0, 1, 1);
         assert!((b.free_tokens() - 4.0).abs() < 1e-9, "{}", b.free_tokens());
     }
 
@@ -776,7 +815,7 @@ mod tests {
             pending.push_back(this_tick);
             if pending.len() > 1 {
                 for (n, cohort, hedged) in pending.pop_front().unwrap_or_default() {
-                    b.settle(cohort, n, u32::from(hedged) * n);
+                    b.settle(cohort, 1, n, u32::from(hedged) * n);
                 }
             }
             b.tick(tick, 1000, TICKS_PER_SECOND, 1);
@@ -886,7 +925,7 @@ mod tests {
                     if let Some((wj, n, cohort)) = in_flight.pop_front() {
                         let sent = if slow { n } else { 0 };
                         hedges += u64::from(sent);
-                        workers[wj].settle(cohort, n, sent);
+                        workers[wj].settle(cohort, 1, n, sent);
                     }
                 }
                 if i % 200 == 199 {

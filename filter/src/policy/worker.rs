@@ -440,9 +440,8 @@ impl ClusterState {
         match &plan.decision {
             Decision::Arm(a) => {
                 self.count_refusal(false);
-                let delay_us = a.per_try_timeout_ms * 1000;
                 self.budget
-                    .reserve(a.reserved, delay_us.div_ceil(tick_us.max(1)));
+                    .reserve(a.reserved, delay_ticks(a.per_try_timeout_ms, tick_us));
                 let metric = if a.shadow {
                     ClusterMetric::ShadowArmed
                 } else {
@@ -1300,7 +1299,10 @@ impl Worker {
         // retry a failure, or hedge again at the next per-try timeout
         let sent = extra_attempts(attempts, reserved);
         let extra = u64::from(sent);
-        state.budget.settle(settlement.cohort, reserved, sent);
+        let ticks = delay_ticks(settlement.per_try_timeout_ms, self.tick_us);
+        state
+            .budget
+            .settle(settlement.cohort, ticks, reserved, sent);
         if settlement.shadow {
             // the budget as it would have been; nothing was sent
             state.metrics.add(ClusterMetric::ShadowHedges, extra);
@@ -2197,6 +2199,14 @@ fn judge_timer(
 
 /// How long the admin interface's read is trusted: a few periods, or
 /// ticks if those are longer (see `Membership::members`).
+/// Ticks of `tick_us` an armed request's per-try timeout spans (what the
+/// budget keeps its hedges apart by, from arming to settling).
+fn delay_ticks(per_try_timeout_ms: u64, tick_us: u64) -> u64 {
+    per_try_timeout_ms
+        .saturating_mul(1000)
+        .div_ceil(tick_us.max(1))
+}
+
 fn membership_period_ms(config: &Config, tick_us: u64) -> u64 {
     config
         .admin_refresh_ms()
