@@ -130,6 +130,8 @@ unit-test:
 e2e-test: build
 	@test -x "$(ENVOY)" || { echo "no Envoy at $(ENVOY): run 'make setup' or set ENVOY"; exit 1; }
 	@echo "using $$($(ENVOY) --version | grep -m1 version)"
+	@$(ENVOY) --version | grep -q "/$(basename $(ENVOY_VERSION))\." || [ -n "$(ENVOY_ANY_VERSION)" ] || \
+	  { echo "the tests read Envoy $(basename $(ENVOY_VERSION)).x's logs and stats; $(ENVOY) is another version: set ENVOY=$(CURDIR)/$(VENV)/bin/envoy (make setup), or ENVOY_ANY_VERSION=1 to try it"; exit 1; }
 	cargo test -p integration-tests --profile e2e --no-fail-fast -- --test-threads=1
 
 test-deploy: build

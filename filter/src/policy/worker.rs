@@ -528,6 +528,8 @@ pub struct Worker {
     /// Ticks so far, and their period (µs).
     ticks: u64,
     tick_us: u64,
+    /// The shared registry was taken up (`adopt_shared`, once).
+    adopted: bool,
     /// The host choice's random numbers (SplitMix64 state, stirred with
     /// the clock on every tick so workers do not draw alike).
     random: u64,
@@ -638,6 +640,7 @@ impl Worker {
             unregister: Vec::new(),
             ticks: 0,
             tick_us,
+            adopted: false,
             random: 0,
             variants: Vec::new(),
             route_metadata: RouteMetadataCache::default(),
@@ -665,6 +668,9 @@ impl Worker {
         store: &dyn SharedStore,
         log: &mut dyn Logger,
     ) -> usize {
+        if std::mem::replace(&mut self.adopted, true) {
+            return 0;
+        }
         let Ok(Some((bytes, _))) = store.get(&registry_key(self.geometry)) else {
             return 0;
         };
@@ -695,6 +701,11 @@ impl Worker {
             );
         }
         adopted
+    }
+
+    /// Whether `adopt_shared` has run: it runs once per worker state.
+    pub fn has_adopted(&self) -> bool {
+        self.adopted
     }
 
     /// This worker state is going away (the root's `on_done`: its plugin

@@ -17,6 +17,7 @@ use crate::policy::decision::{
 };
 use crate::policy::hosts::HostPick;
 use crate::policy::worker::{HostResponse, Worker};
+use crate::telemetry::Level;
 use std::sync::Arc;
 
 const CLUSTER_NAME: &[u8] = b"xds\0cluster_name";
@@ -378,6 +379,35 @@ impl<H: Host> DownstreamRequest<H> {
 
     /// Runs `f` on this worker's state, if there is one and no other
     /// callback holds it (never a panic on a double borrow).
+    /// Before this worker state plans its first request: a configuration
+    /// pushed to a running Envoy finds what earlier ones learned in shared
+    /// memory (a first start finds nothing). Not in `on_configure`: Envoy's
+    /// main thread has a root too, which serves no stream and should not
+    /// track clusters (nor hold their tokens, nor read the admin interface
+    /// for them); and not as the stream is made: a copy of this role in a
+    /// cluster's chain (`placement`) plans nothing, and took up every
+    /// cluster and held its pool's tokens all the same. One shared-memory
+    /// read per plugin and worker; per request, a flag.
+    fn adopt_once(&mut self) {
+        if self.with_worker(|w| w.has_adopted()).unwrap_or(true) {
+            return;
+        }
+        let Ok(now_ns) = self.host.now_ns() else {
+            return; // the next request tries again
+        };
+        let mut host = self.host.clone();
+        let store = &self.host;
+        let adopted = self
+            .with_worker(|w| w.adopt_shared(now_ns / 1_000_000, store, &mut host))
+            .unwrap_or(0);
+        if adopted > 0 {
+            self.host.log(
+                Level::Info,
+                &format!("adaptive-hedge: {adopted} clusters taken up from shared memory"),
+            );
+        }
+    }
+
     fn with_worker<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
         let mut worker = self.worker.as_ref()?.try_borrow_mut().ok()?;
         Some(f(&mut worker))
@@ -612,6 +642,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         if !self.placement.in_place(&mut self.host) {
             return Action::Continue;
         }
+        self.adopt_once();
         let pairs = match self.host.request_header_pairs() {
             Ok(pairs) => pairs,
             Err(_) => {
@@ -885,6 +916,30 @@ mod tests {
         // a first start finds nothing to take up
         let (fresh, _) = plugin("{}");
         assert!(!fresh.logged("taken up"));
+    }
+
+    /// A copy of the downstream role pasted into a cluster's chain passes
+    /// requests through, and takes up nothing: before, it took up every
+    /// shared cluster as its first stream was made, synced them on every
+    /// tick and held their pools' tokens from the workers that hedge.
+    #[test]
+    fn a_copy_in_the_wrong_chain_takes_up_no_cluster() {
+        let (host, _old) = warmed("{}");
+        let json = b"{}";
+        host.state_mut().configuration = Some(json.to_vec());
+        let mut misplaced = Plugin::new(host.clone());
+        assert!(misplaced.on_configure(json.len()));
+        host.request(Some("backend"), GET);
+        host.set_property(UPSTREAM_ADDRESS, b"127.0.0.1:8081");
+        let mut r = request(&misplaced);
+        r.on_request_headers();
+        assert!(host.logged("Requests pass through untouched"));
+        assert!(!host.logged("taken up"));
+        // and a copy in its place takes them up at its first request
+        let mut placed = Plugin::new(host.clone());
+        assert!(placed.on_configure(json.len()));
+        exchange(&host, &placed, GET, 5, 1);
+        assert!(host.logged("1 clusters taken up from shared memory"));
     }
 
     /// A request Envoy answered itself before any host received it (no

@@ -4,7 +4,7 @@
 //! role), or checks and counts the holds (upstream role). It makes each
 //! request's or attempt's context.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -35,8 +35,6 @@ pub struct Plugin<H: Host> {
     placement: Rc<Placement>,
     /// The read of Envoy's admin interface this VM sent (`admin_cluster`).
     admin_read: Option<u32>,
-    /// The shared registry's clusters were taken up (`adopt_once`).
-    adopted: Cell<bool>,
 }
 
 /// A context for one HTTP stream, of the plugin's role. Moved into a box
@@ -56,7 +54,6 @@ impl<H: Host> Plugin<H> {
             holds: Rc::default(),
             placement: Rc::new(Placement::new(Role::Downstream)),
             admin_read: None,
-            adopted: Cell::new(false),
         }
     }
 
@@ -107,34 +104,7 @@ impl<H: Host> Plugin<H> {
         self.placement = Rc::new(Placement::new(config.role));
         self.worker =
             (config.role == Role::Downstream).then(|| Rc::new(RefCell::new(Worker::new(config))));
-        self.adopted.set(false);
         true
-    }
-
-    /// Before this plugin's first stream: a configuration pushed to a
-    /// running Envoy finds what earlier ones learned in shared memory (a
-    /// first start finds nothing). Not in `on_configure`: Envoy's main
-    /// thread has a root too, which serves no stream and should not track
-    /// clusters (nor hold their tokens, nor read the admin interface for
-    /// them). One shared-memory read per plugin and worker.
-    fn adopt_once(&self) {
-        if self.adopted.replace(true) {
-            return;
-        }
-        let (Some(worker), Ok(now_ns)) = (&self.worker, self.host.now_ns()) else {
-            return;
-        };
-        let Ok(mut worker) = worker.try_borrow_mut() else {
-            return;
-        };
-        let mut host = self.host.clone();
-        let adopted = worker.adopt_shared(now_ns / 1_000_000, &self.host, &mut host);
-        if adopted > 0 {
-            host.log(
-                Level::Info,
-                &format!("adaptive-hedge: {adopted} clusters taken up from shared memory"),
-            );
-        }
     }
 
     /// The plugin is going away (replaced by a new configuration, or
@@ -235,7 +205,6 @@ impl<H: Host> Plugin<H> {
         let (host, placement) = (self.host.clone(), Rc::clone(&self.placement));
         match self.role {
             Role::Downstream => {
-                self.adopt_once();
                 Stream::Downstream(DownstreamRequest::new(host, self.worker.clone(), placement))
             }
             Role::Upstream => Stream::Upstream(UpstreamAttempt::new(

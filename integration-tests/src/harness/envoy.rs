@@ -86,6 +86,59 @@ pub fn free_port() -> u16 {
     panic!("no port left that this process has not used")
 }
 
+/// A port on 127.0.0.1 that refuses connections for as long as this value
+/// lives: a socket bound to it that never listens. A port merely released
+/// (`free_port`) could be taken by another process mid-test, and Linux
+/// may even connect a socket to itself when its source port is the target.
+pub struct RefusingPort {
+    fd: libc::c_int,
+    pub port: u16,
+}
+
+impl RefusingPort {
+    pub fn new() -> Self {
+        // SAFETY: plain socket calls on a descriptor this value owns; the
+        // address is a zeroed sockaddr_in of the size passed.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let bound = libc::bind(fd, std::ptr::addr_of!(addr).cast(), len);
+            let mut got = len;
+            let named = libc::getsockname(fd, std::ptr::addr_of_mut!(addr).cast(), &mut got);
+            if bound != 0 || named != 0 {
+                let error = std::io::Error::last_os_error();
+                libc::close(fd);
+                panic!("a refusing port: {error}");
+            }
+            let port = u16::from_be(addr.sin_port);
+            HANDED_OUT
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(port);
+            RefusingPort { fd, port }
+        }
+    }
+}
+
+impl Default for RefusingPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RefusingPort {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this value's own, closed once.
+        unsafe {
+            libc::close(self.fd);
+        }
+    }
+}
+
 pub struct EnvoyOptions {
     /// File name under `envoy-configs/`.
     pub config: String,

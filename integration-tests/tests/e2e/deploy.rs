@@ -17,6 +17,7 @@ use crate::common::deploy::{
 };
 use adaptive_hedge::policy::config::Config;
 use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
+use integration_tests::harness::RemoveOnDrop;
 use serde_norway::Value;
 
 /// A manifest's plugin config through the filter's own validation: what
@@ -406,6 +407,7 @@ impl Drop for ChildGuard {
 fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-oci-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let _remove = RemoveOnDrop(dir.clone());
     let digest = build_image(&dir);
     let wasm = std::fs::read(envoy::wasm_path()).expect("make build");
 
@@ -465,6 +467,7 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
     // quote it; and they do.
     let again = dir.with_extension("again");
     let _ = std::fs::remove_dir_all(&again);
+    let _remove_again = RemoveOnDrop(again.clone());
     assert_eq!(
         build_image(&again),
         digest,
@@ -504,8 +507,6 @@ fn oci_image_is_compat_format_and_manifests_quote_its_digest() {
             assert!(str_at(wasm, "code.image.url").ends_with(&format!(":{IMAGE_TAG}")));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(&again);
 }
 
 /// `envoy --mode validate` accepts the bootstrap `text` (`name` tells the

@@ -11,6 +11,7 @@ use crate::common::deploy::{
 };
 use adaptive_hedge::policy::config::Config;
 use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions, Launcher};
+use integration_tests::harness::RemoveOnDrop;
 use serde::Deserialize;
 use serde_norway::Value;
 
@@ -105,6 +106,7 @@ fn two_clean_builds_give_the_same_image_digest() {
     let root = repo_root();
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-rebuild-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let _remove = RemoveOnDrop(dir.clone());
     // The sources as a clone has them (tracked and new files, not ignored).
     let files = run(Command::new("git").current_dir(&root).args([
         "ls-files",
@@ -165,7 +167,6 @@ fn two_clean_builds_give_the_same_image_digest() {
         build_image_of(&rebuilt, &dir.join("oci-rebuilt")),
         build_image_of(&made, &dir.join("oci-made"))
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn kustomize_build(dir: &Path) -> (String, Vec<Value>) {
@@ -327,13 +328,13 @@ fn kustomize_installs_render_the_manifests_and_their_values() {
 fn skopeo_and_umoci_read_the_oci_image() {
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-oci-tools-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let _remove = RemoveOnDrop(dir.clone());
     let digest = build_image(&dir);
     let reference = format!("{}:{IMAGE_TAG}", dir.display());
     let inspect = run(Command::new(tool("skopeo")).args(["inspect", &format!("oci:{reference}")]));
     let inspected: serde_json::Value = serde_json::from_str(&inspect).expect("skopeo json");
     assert_eq!(inspected["Digest"], digest.as_str());
     run(Command::new(tool("umoci")).args(["stat", "--image", &reference]));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `make run` under func-e: func-e runs the Envoy binary placed in its data
@@ -343,6 +344,7 @@ fn skopeo_and_umoci_read_the_oci_image() {
 fn func_e_runs_envoy_with_the_filter() {
     let func_e = tool("func-e");
     let home = std::env::temp_dir().join(format!("adaptive-hedge-func-e-{}", std::process::id()));
+    let _remove = RemoveOnDrop(home.clone()); // after Envoy, pass or fail
     let bin = home.join(format!("data/envoy-versions/{ENVOY_VERSION}/bin"));
     std::fs::create_dir_all(&bin).expect("func-e home");
     let binary = envoy::envoy_binary();
@@ -385,8 +387,6 @@ fn func_e_runs_envoy_with_the_filter() {
     assert_eq!(envoy.requests_seen("backend", 20), 20);
     assert!(envoy.log().contains("adaptive-hedge 0.1.0 configured"));
     envoy.assert_no_vm_failure();
-    drop(envoy);
-    let _ = std::fs::remove_dir_all(&home);
 }
 
 /// `make check-configs`'s schema check, with the CRDs `make crds` fetches
@@ -427,6 +427,7 @@ fn check_configs_refuses_what_the_crds_refuse() {
     assert!(out.contains("valid against their schemas"), "{out}");
 
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-crd-check-{}", std::process::id()));
+    let _remove = RemoveOnDrop(dir.clone());
     std::fs::create_dir_all(&dir).expect("temp dir");
     let cases = [
         (
@@ -462,5 +463,4 @@ fn check_configs_refuses_what_the_crds_refuse() {
             "{file} with {to:?}: expected {expected:?} in:\n{out}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

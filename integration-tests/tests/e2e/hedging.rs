@@ -46,9 +46,11 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
     let (sim, envoy, client, rt) = warmed_up();
     rt.block_on(async {
         let delay = common::learned_delay_ms(&envoy, "backend");
+        // a ~5 ms backend's p94, with room for a loaded CI machine's
+        // event loop (its p90 was seen at 31-43 ms there: tail.rs)
         assert!(
-            (4.0..=20.0).contains(&delay),
-            "learned p90 of a ~5 ms backend: {delay} ms"
+            (4.0..=50.0).contains(&delay),
+            "learned p94 of a ~5 ms backend: {delay} ms"
         );
 
         sim.reset_counts();
@@ -397,7 +399,7 @@ fn suppressed_envoy_headers_still_learn_and_hedge() {
     rt.block_on(async {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
         let delay = common::learned_delay_ms(&envoy, "backend");
-        assert!((4.0..=20.0).contains(&delay), "learned {delay} ms");
+        assert!((4.0..=50.0).contains(&delay), "learned {delay} ms");
         let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
         assert_eq!(
             reply.headers.get("x-envoy-upstream-service-time"),

@@ -8,6 +8,7 @@ use crate::common;
 use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, request};
 use integration_tests::harness::sim::{HostCounts, Latency, Simulator};
+use integration_tests::harness::RemoveOnDrop;
 use integration_tests::runtime;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -681,6 +682,7 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
     let sim = Simulator::start(vec![m.clone(), m.clone(), m.clone(), m]).unwrap();
     let ports = sim.ports().to_vec();
     let dir = std::env::temp_dir().join(format!("adaptive-hedge-eds-{}", std::process::id()));
+    let _remove = RemoveOnDrop(dir.clone()); // after Envoy, pass or fail
     std::fs::create_dir_all(&dir).unwrap();
     write_eds(&dir, &ports);
     let static_hosts: String = ports[..3]
@@ -783,5 +785,4 @@ fn a_host_removed_from_the_cluster_stops_being_named() {
         0
     );
     envoy.assert_no_vm_failure();
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use integration_tests::harness::envoy::{filter_stat_name, free_port, Envoy, EnvoyOptions};
+use integration_tests::harness::envoy::{filter_stat_name, Envoy, EnvoyOptions, RefusingPort};
 use integration_tests::harness::load;
 use integration_tests::harness::sim::{Latency, Simulator};
 use integration_tests::runtime;
@@ -68,8 +68,9 @@ fn errors_without_and_with(share: f64, refusing: bool) -> (u64, u64, String) {
         sim.set_flaky(host, Some(503), share);
     }
     let mut ports = sim.ports().to_vec();
-    // nothing listens there; without `refusing`, a working host again
-    ports.push(if refusing { free_port() } else { ports[0] });
+    // bound, never listening; without `refusing`, a working host again
+    let dead = RefusingPort::new();
+    ports.push(if refusing { dead.port } else { ports[0] });
     let (without, _) = client_errors("envoy-baseline.yaml", None, &ports);
     let (with, stats) = client_errors(
         "envoy.yaml",
