@@ -251,7 +251,10 @@ impl<H: Host> DownstreamRequest<H> {
             // response and the response's origin.
             self.sample = Some((cluster, plan.route, now));
         }
-        self.strip(plan.strip);
+        // A client's control header left in place must not ride along on
+        // an armed request (arming overwrites only what it writes): then
+        // the request is not armed (below).
+        let client_header_left = self.strip(plan.strip) > 0;
         if self.host_header.is_some() {
             self.host_cluster = plan.cluster;
         }
@@ -282,7 +285,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // nothing is set: settled from the response's time
                 self.settlement = plan.settlement();
                 self.shadow_started_ns = now;
-            } else if self.arm(arming) {
+            } else if !client_header_left && self.arm(arming) {
                 self.settlement = plan.settlement();
                 self.per_try_timeout_ms = Some(arming.per_try_timeout_ms);
                 self.armed_grpc = arming.retry_grpc_on.is_some();
@@ -1132,6 +1135,32 @@ mod tests {
         assert_eq!(stat(&host, "hedges_armed_total"), 1);
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         assert_eq!(stat(&host, "hedges_sent_total"), 0);
+    }
+
+    /// A client's control header that could not be removed: the request
+    /// is not armed (the header would ride along on the router's retries),
+    /// and it is settled on the attempts Envoy made.
+    #[test]
+    fn a_client_header_left_in_place_disarms() {
+        let (host, mut plugin) = warmed("{}");
+        host.fail(&format!("remove_request_header {RETRIABLE_HEADER_NAMES}"));
+        host.request(
+            Some("backend"),
+            &[(":method", "GET"), (RETRIABLE_HEADER_NAMES, "x-a")],
+        );
+        let mut r = request(&plugin);
+        r.on_request_headers();
+        assert_eq!(host.request_header_text(MAX_RETRIES), None);
+        assert_eq!(host.request_header_text(PER_TRY_TIMEOUT), None);
+        assert!(r.settlement.is_some(), "settled on the attempts made");
+        host.respond(&[(":status", "200")]);
+        host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+        r.on_response_headers(true);
+        r.on_log();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_armed_total"), 1);
+        assert_eq!(stat(&host, "hedges_refunded_total"), 1);
+        assert!(host.stat("adaptive_hedge.host_errors_total").unwrap_or(0) >= 2);
     }
 
     #[test]
