@@ -904,6 +904,22 @@ impl Config {
             serde_path_to_error::deserialize(overrides).map_err(|e| path_error(e, prefix))?;
         let mut policy = raw.merge_over(base, prefix)?;
         policy.check(prefix, &raw, self.limits(), warnings)?;
+        // The plugin's configuration is where hedging is turned off, for a
+        // cluster or for all (in an incident, one edit): a route's metadata,
+        // another document often written by other hands, may turn it off
+        // or to shadow for its route, never back on.
+        if base.disabled && !policy.disabled {
+            policy.disabled = true;
+            warnings.push(format!(
+                "{prefix}disabled: false ignored; the plugin's configuration disables the cluster (a route may turn hedging off, not on)"
+            ));
+        }
+        if base.mode == Mode::Shadow && policy.mode != Mode::Shadow {
+            policy.mode = Mode::Shadow;
+            warnings.push(format!(
+                "{prefix}mode: \"hedge\" ignored; the plugin's configuration puts the cluster in shadow mode (a route may not arm it)"
+            ));
+        }
         if raw.max_routes.is_some_and(|n| n > 0) {
             warnings.push(format!(
                 "{prefix}max_routes: ignored; a route with its own overrides learns its own delay already"
@@ -1318,6 +1334,54 @@ mod tests {
                 .any(|w| w.starts_with("filter_metadata.adaptive_hedge.min_samples")),
             "{warnings:?}"
         );
+    }
+
+    /// A route's metadata may turn hedging off or to shadow for its route,
+    /// never back on where the plugin's configuration turned it off: that
+    /// is the switch an operator reaches for in an incident.
+    #[test]
+    fn a_route_cannot_switch_on_what_the_plugin_turned_off() {
+        let prefix = "filter_metadata.adaptive_hedge.";
+        for (plugin, route, said) in [
+            (
+                r#"{"disabled": true}"#,
+                serde_json::json!({"disabled": false}),
+                "disabled",
+            ),
+            (
+                r#"{"clusters": {"backend": {"disabled": true}}}"#,
+                serde_json::json!({"disabled": false, "budget_percent": 50}),
+                "disabled",
+            ),
+            (
+                r#"{"mode": "shadow"}"#,
+                serde_json::json!({"mode": "hedge"}),
+                "mode",
+            ),
+        ] {
+            let config = Config::parse(plugin.as_bytes()).unwrap();
+            let base = config.policy_for("backend");
+            let mut warnings = Vec::new();
+            let policy = config
+                .route_policy(&base, route, prefix, &mut warnings)
+                .unwrap();
+            assert_eq!(policy.disabled, base.disabled, "{plugin}");
+            assert_eq!(policy.mode, base.mode, "{plugin}");
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.starts_with(&format!("{prefix}{said}"))),
+                "{plugin}: {warnings:?}"
+            );
+        }
+        // and off, or to shadow, for its route alone
+        let config = Config::parse(b"{}").unwrap();
+        let base = config.policy_for("backend");
+        let route = serde_json::json!({"disabled": true, "mode": "shadow"});
+        let policy = config
+            .route_policy(&base, route, prefix, &mut Vec::new())
+            .unwrap();
+        assert!(policy.disabled && policy.mode == Mode::Shadow);
     }
 
     #[test]
