@@ -278,6 +278,49 @@ fn host_header_rule(name: Arc<str>) -> Result<Arc<str>, String> {
     if name.starts_with("x-envoy-") {
         return Err("x-envoy-* headers are Envoy's own; the override_host policy reads another (x-gateway-destination-endpoint)".into());
     }
+    // The filter removes a client's value of this header and writes the
+    // chosen host into it: a header clients send for other reasons would
+    // lose its value on every request (`authorization`, say).
+    const STANDARD: &[&str] = &[
+        "host",
+        "authorization",
+        "cookie",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "keep-alive",
+        "expect",
+        "range",
+        "referer",
+        "origin",
+        "user-agent",
+        "forwarded",
+        "via",
+        "x-request-id",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "b3",
+        "x-real-ip",
+    ];
+    const STANDARD_PREFIXES: &[&str] = &[
+        "content-",
+        "accept",
+        "proxy-",
+        "x-forwarded-",
+        "grpc-",
+        "if-",
+        "sec-",
+        "cache-",
+        "x-b3-",
+        "x-amzn-",
+        "x-cloud-trace-",
+    ];
+    if STANDARD.contains(&&*name) || STANDARD_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return Err("is a header clients send for other reasons, whose value the filter would remove or overwrite on every request; name one of its own (the override_host policy's, x-gateway-destination-endpoint by default)".into());
+    }
     Ok(name)
 }
 
@@ -1382,6 +1425,26 @@ mod tests {
             .route_policy(&base, route, prefix, &mut Vec::new())
             .unwrap();
         assert!(policy.disabled && policy.mode == Mode::Shadow);
+    }
+
+    #[test]
+    fn the_host_header_is_no_header_clients_send_for_other_reasons() {
+        for name in [
+            "authorization",
+            "host",
+            "cookie",
+            "content-type",
+            "x-forwarded-for",
+            "traceparent",
+        ] {
+            let json = format!(r#"{{"host_header": "{name}"}}"#);
+            let line = err(&json).to_string();
+            assert!(
+                line.contains("\"host_header\"") && line.contains("other reasons"),
+                "{line}"
+            );
+        }
+        assert!(Config::parse(br#"{"host_header": "x-my-endpoint"}"#).is_ok());
     }
 
     #[test]
