@@ -35,6 +35,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Formats a duration the way the config accepts it (used to log the effective config).
 pub fn format_duration(d: Duration) -> String {
+    if d.subsec_nanos() % 1_000 != 0 {
+        // below a microsecond: said whole, or the logged configuration and
+        // the errors would name a value other than the one in force
+        return format!("{}ns", d.as_nanos());
+    }
     let us = d.as_micros();
     if us % 60_000_000 == 0 && us > 0 {
         format!("{}m", us / 60_000_000)
@@ -50,6 +55,14 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fraction_of_a_microsecond_is_said_whole() {
+        let d = parse_duration("10000500ns").unwrap();
+        assert_eq!(format_duration(d), "10000500ns");
+        assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        assert_eq!(format_duration(parse_duration("1.5ms").unwrap()), "1500us");
+    }
 
     #[test]
     fn parses_units() {
