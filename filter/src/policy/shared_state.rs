@@ -430,9 +430,16 @@ impl Registry {
         if count > r.bytes.len() / 2 {
             return Err(DecodeError::Corrupt("registry count larger than the value"));
         }
-        let mut names = Vec::with_capacity(count);
+        // any module of the VM may write this key: allocate for what a
+        // registry holds, not for what a count says
+        let mut names = Vec::with_capacity(count.min(MAX_TRACKED_CLUSTERS));
         for _ in 0..count {
             let len = usize::from(r.u16()?);
+            if len > MAX_CLUSTER_NAME {
+                return Err(DecodeError::Corrupt(
+                    "cluster name longer than any registered",
+                ));
+            }
             let raw = r.take(len)?;
             let name = std::str::from_utf8(raw)
                 .map_err(|_| DecodeError::Corrupt("cluster name is not UTF-8"))?;
