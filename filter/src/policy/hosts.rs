@@ -393,8 +393,17 @@ impl Hosts {
             .iter()
             .position(|h| h.address.as_bytes() == address)
         {
-            if let Some(h) = self.hosts.get_mut(id) {
-                h.gone = false;
+            if let Some(h) = self.hosts.get_mut(id).filter(|h| h.gone) {
+                // forgotten: back as a new host (its cost, counts and marks
+                // are of another time; it was chosen by them on this worker
+                // until its tick: found by a review), but for the picks of
+                // it still in flight
+                let (in_flight, hedge_of) = (h.in_flight, h.hedge_of);
+                *h = Host {
+                    in_flight,
+                    hedge_of,
+                    ..Host::new(std::mem::take(&mut h.address))
+                };
             }
             return Some(id);
         }
@@ -486,8 +495,11 @@ impl Hosts {
     /// host gets new streams anyway, and fresh attempts, unarmed, cost
     /// requests their hedge: client errors +17% against +2-8% without).
     pub fn needs_fresh_attempt(&self, stale: bool) -> Option<HostId> {
-        // per request: steady traffic reads no host
-        if !stale {
+        // per request: steady traffic reads no host. Nor while the
+        // cluster's balancer is left to choose (Envoy in panic: held-out
+        // hosts count again here; a cluster past its hosts' cap): a fresh
+        // attempt named an ejected host there (found by a review).
+        if !stale || self.panicking || self.overflow_ticks > 0 {
             return None;
         }
         self.hosts
@@ -796,6 +808,9 @@ impl Hosts {
         self.panicking = panic;
         let elsewhere =
             |m: &Member| serving.is_some_and(|serving| !membership::in_service(m, serving));
+        let unserved = members.map(membership::degraded_unserved);
+        let degraded_unserved =
+            |m: &Member| m.degraded && unserved.as_ref().is_some_and(|p| p.contains(&m.priority));
         let find = |address: &str| members.map(|m| membership::find(m, address));
         // no host known here listed at all: the addresses are written
         // differently (or the read is of other hosts), not all removed
@@ -813,7 +828,7 @@ impl Hosts {
                 Some(None) => (1.0, true),
                 Some(Some(m)) => (
                     f64::from(m.weight.max(1)),
-                    (!m.healthy || elsewhere(m)) && !panic,
+                    (!m.healthy || elsewhere(m) || degraded_unserved(m)) && !panic,
                 ),
             };
             held_out += usize::from(h.held_out);
@@ -1177,6 +1192,21 @@ mod tests {
         assert_eq!(hosts.needs_fresh_attempt(true), None);
         hosts.timed_out(1, 5);
         assert_eq!(hosts.needs_fresh_attempt(true), Some(1));
+    }
+
+    /// While the cluster's balancer is left to choose (Envoy in panic, a
+    /// cluster past the value's hosts), no fresh attempt names a host:
+    /// in a panic the held-out (ejected) hosts count as known again.
+    #[test]
+    fn no_fresh_attempt_while_the_balancer_chooses() {
+        let mut hosts = measured(&[1000.0, 1000.0, 1000.0]);
+        hosts.timed_out(1, 5);
+        assert_eq!(hosts.needs_fresh_attempt(true), Some(1));
+        hosts.panicking = true;
+        assert_eq!(hosts.needs_fresh_attempt(true), None);
+        hosts.panicking = false;
+        hosts.overflow_ticks = 1;
+        assert_eq!(hosts.needs_fresh_attempt(true), None);
     }
 
     /// A silent host is forgotten after `FORGET_MS`, unless the admin
@@ -1879,6 +1909,30 @@ mod tests {
             member(3, 1, true),
         ];
         assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 2);
+        // a degraded host (an active health check draining it) gets
+        // nothing from Envoy while the healthy ones are enough (1.4 x
+        // healthy >= all), and is held out; with too few, it serves
+        let degraded = |i: usize| Member {
+            degraded: true,
+            ..member(i, 1, true)
+        };
+        let said = [
+            member(0, 1, true),
+            degraded(1),
+            member(2, 1, true),
+            member(3, 1, true),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 1);
+        assert!((0..200u64)
+            .filter_map(|r| hosts.choose(2, mix(r), true))
+            .all(|p| p.primary != 1 && p.hedge != Some(1)));
+        let said = [
+            member(0, 1, true),
+            degraded(1),
+            degraded(2),
+            member(3, 1, true),
+        ];
+        assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 0);
         // an IPv6 host is found by its address as Envoy writes it
         let mut v6 = Hosts::default();
         for a in ["[::1]:80", "[fe80::2]:80"] {

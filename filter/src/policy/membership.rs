@@ -108,20 +108,45 @@ pub enum Serving {
 /// places the healthy load first). A priority with no healthy host takes
 /// nothing; the first with some takes everything if it has enough.
 pub fn serving(members: &[Member]) -> Serving {
+    let priorities = counts(members);
+    if priorities.len() <= 1 {
+        return Serving::All;
+    }
+    match priorities.iter().find(|(_, (_, healthy))| *healthy > 0) {
+        Some((&p, &counted)) if enough_healthy(counted) => Serving::Only(p),
+        _ => Serving::Spread,
+    }
+}
+
+/// Each priority's hosts, as Envoy counts them for its load: (all but the
+/// excluded, the healthy ones not degraded).
+fn counts(members: &[Member]) -> BTreeMap<u32, (usize, usize)> {
     let mut priorities: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     for m in members {
         let (total, healthy) = priorities.entry(m.priority).or_default();
         *total += usize::from(!m.excluded);
         *healthy += usize::from(m.healthy && !m.degraded && !m.excluded);
     }
-    if priorities.len() <= 1 {
-        return Serving::All;
-    }
+    priorities
+}
+
+/// Healthy hosts enough to take all of their priority's load (the default
+/// overprovisioning).
+fn enough_healthy((total, healthy): (usize, usize)) -> bool {
     let (times, per) = OVERPROVISIONING;
-    match priorities.iter().find(|(_, (_, healthy))| *healthy > 0) {
-        Some((&p, &(total, healthy))) if times * healthy >= per * total => Serving::Only(p),
-        _ => Serving::Spread,
-    }
+    times * healthy >= per * total
+}
+
+/// The priorities whose degraded hosts Envoy's balancer sends nothing: their
+/// healthy hosts are enough (Envoy places the healthy load first, and the
+/// degraded load only for what the healthy hosts cannot take). An active
+/// health check marks a host degraded to drain it, say.
+pub fn degraded_unserved(members: &[Member]) -> Vec<u32> {
+    counts(members)
+        .into_iter()
+        .filter(|&(_, counted)| enough_healthy(counted))
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// The member of `members` (sorted by address, as a read keeps them) at

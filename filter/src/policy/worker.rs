@@ -33,7 +33,7 @@ use super::shared_state::{
 };
 use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
-use super::window::{WindowGeometry, SAMPLES_PER_TICK};
+use super::window::{WindowGeometry, SAMPLES_PER_TICK, SLICES};
 use crate::route_metadata::overrides_to_json;
 use crate::route_metadata_cache::RouteMetadataCache;
 use crate::telemetry::{metric_set, Level, Logger, MetricTable, MetricsSink};
@@ -56,6 +56,9 @@ const LOCAL_CLUSTERS_PER_LIMIT: usize = 2;
 /// Idle clusters a worker evicts per tick at most (it reads a value for
 /// each one it checks, up to four times as many).
 const EVICTIONS_PER_TICK: usize = 4;
+/// Idle clusters whose first sighting a worker keeps (see
+/// `idle_for_a_slice`): as many as a registry holds.
+const IDLE_REMEMBERED: usize = 1_024;
 
 /// Evicted markers beside registered names a worker remembers (`stranded`),
 /// and for how many ticks.
@@ -522,6 +525,9 @@ pub struct Worker {
     /// Registered names whose key held an evicted marker, and the tick it
     /// was seen (see `stranded`).
     markers_seen: Vec<(String, u64)>,
+    /// Registered clusters this worker found idle, and when it first did
+    /// (`idle_for_a_slice`).
+    idle_seen: Vec<(String, u64)>,
     /// Names to take out of the registry on its next update: a marker
     /// stranded beside them.
     unregister: Vec<String>,
@@ -637,6 +643,7 @@ impl Worker {
             unreadable_overrides_logged: false,
             eviction_cursor: 0,
             markers_seen: Vec::new(),
+            idle_seen: Vec::new(),
             unregister: Vec::new(),
             ticks: 0,
             tick_us,
@@ -1815,7 +1822,7 @@ impl Worker {
             };
             let evict = match SharedCluster::decode(&bytes, self.geometry) {
                 Ok(cluster) => {
-                    cluster.idle(now_ms)
+                    self.idle_for_a_slice(name, cluster.idle(now_ms), now_ms)
                         && store
                             .set(&cluster_key, &SharedCluster::evicted(), cas)
                             .is_ok()
@@ -1828,6 +1835,40 @@ impl Worker {
             }
         }
         evicted
+    }
+
+    /// Whether registered `name`, `idle` now (an empty window), was found
+    /// idle by this worker a slice ago or more, and not busy since. A value
+    /// just created or revived is empty too: another worker's first
+    /// samples of it reach it only at that worker's next tick, and a
+    /// cluster at less than a response a tick was evicted as soon as it
+    /// was revived, and the one that took its slot next, in turn, neither
+    /// ever hedged (found by a review). Sightings are kept for a window
+    /// (the names looked at are drawn at random, so a second look may come
+    /// late), at most `IDLE_REMEMBERED`.
+    fn idle_for_a_slice(&mut self, name: &str, idle: bool, now_ms: u64) -> bool {
+        let slice_ms = self.geometry.slice_ms.max(1);
+        let window_ms = slice_ms.saturating_mul(SLICES as u64);
+        self.idle_seen
+            .retain(|(n, at)| now_ms.saturating_sub(*at) <= window_ms && (idle || n != name));
+        if !idle {
+            return false;
+        }
+        if let Some(i) = self.idle_seen.iter().position(|(n, _)| n == name) {
+            let long_enough = self
+                .idle_seen
+                .get(i)
+                .is_some_and(|&(_, at)| now_ms.saturating_sub(at) >= slice_ms);
+            if long_enough {
+                self.idle_seen.swap_remove(i);
+            }
+            return long_enough;
+        }
+        if self.idle_seen.len() >= IDLE_REMEMBERED {
+            self.idle_seen.remove(0);
+        }
+        self.idle_seen.push((name.to_string(), now_ms));
+        false
     }
 
     /// Whether the evicted marker found in the key of registered `name` is
@@ -3031,14 +3072,18 @@ mod tests {
             Decision::Skip(Skip::Untracked),
             "one and two are busy"
         );
-        // a window later, one and two idle; three still asked for
-        let later = T0 + 31_000;
-        decision(&mut a, b"three", b"GET");
-        a.sync(later, &store, &mut log);
+        // a window later, one and two idle; three still asked for: found
+        // idle once, then again a slice (5 s) later, one goes
         let registry = |store: &MemoryStore| {
             let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
             Registry::decode(&bytes).unwrap().names
         };
+        decision(&mut a, b"three", b"GET");
+        a.sync(T0 + 31_000, &store, &mut log);
+        assert!(!registry(&store).contains(&"three".to_string()));
+        let later = T0 + 36_000;
+        decision(&mut a, b"three", b"GET");
+        a.sync(later, &store, &mut log);
         assert!(registry(&store).contains(&"three".to_string()));
         assert_eq!(registry(&store).len(), 2);
         let gone = if registry(&store).contains(&"one".to_string()) {
@@ -3081,6 +3126,40 @@ mod tests {
         assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(2));
     }
 
+    /// A cluster another worker has just registered is empty until that
+    /// worker's next tick brings its samples: it keeps its slot, since
+    /// idle means found empty a slice apart. Before, a cluster at less than
+    /// a response a tick was evicted as soon as it was registered, and the
+    /// one that took its slot next, in turn.
+    #[test]
+    fn a_cluster_just_registered_keeps_its_slot_for_a_slice() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"max_clusters": 1, "min_samples": 1}"#);
+        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        let registry = |store: &MemoryStore| {
+            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+            Registry::decode(&bytes).unwrap().names
+        };
+        decision(&mut a, b"p", b"GET");
+        a.sync(T0, &store, &mut log);
+        assert_eq!(registry(&store), ["p"]);
+        decision(&mut b, b"q", b"GET");
+        b.sync(T0 + 100, &store, &mut log);
+        assert_eq!(registry(&store), ["p"], "p was registered 100 ms ago");
+        traffic(&mut a, "p", 5, 1000);
+        a.sync(T0 + 200, &store, &mut log);
+        decision(&mut b, b"q", b"GET");
+        b.sync(T0 + 5_200, &store, &mut log);
+        assert_eq!(registry(&store), ["p"], "p is busy");
+        // idle a whole window, then found so twice a slice apart: q's turn
+        for at in [T0 + 36_000, T0 + 41_000] {
+            decision(&mut b, b"q", b"GET");
+            b.sync(at, &store, &mut log);
+        }
+        assert_eq!(registry(&store), ["q"]);
+    }
+
     /// An evicted cluster's gauges go to 0, once: before, a gone cluster
     /// kept its last delay and `hedge_delay_clamped` for the VM's life, an
     /// alert firing on it.
@@ -3105,9 +3184,12 @@ mod tests {
             assert_eq!(gauge("hedge_delay_clamped"), Some(1));
             assert_eq!(gauge("shadow_p99_microseconds"), Some(0));
         }
-        // a window later three asks for a slot: an idle one goes
-        decision(&mut a, b"three", b"GET");
-        a.sync(T0 + 31_000, &store, &mut log);
+        // a window later three asks for a slot: an idle one goes, once
+        // found idle a slice apart
+        for at in [T0 + 31_000, T0 + 36_000] {
+            decision(&mut a, b"three", b"GET");
+            a.sync(at, &store, &mut log);
+        }
         let gone = ["one", "two"]
             .into_iter()
             .find(|name| {
@@ -3115,7 +3197,7 @@ mod tests {
                 value == SharedCluster::evicted()
             })
             .unwrap();
-        a.sync(T0 + 31_200, &store, &mut log);
+        a.sync(T0 + 36_200, &store, &mut log);
         a.flush_metrics(&mut stats);
         let gauge = |stats: &Stats, m: &str| stats.get(&format!("adaptive_hedge.{m}.{gone}"));
         assert_eq!(gauge(&stats, "hedge_delay_microseconds"), Some(0));
