@@ -298,7 +298,7 @@ impl SharedCluster {
     /// Whether nothing was heard from the cluster for a whole window: its
     /// registry slot may go to another cluster.
     pub fn idle(&self, now_ms: u64) -> bool {
-        self.window.snapshot(now_ms).is_empty()
+        self.window.is_idle(now_ms)
     }
 
     /// Decodes a value written by [`SharedCluster::encode`] for the same geometry.

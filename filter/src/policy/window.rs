@@ -81,6 +81,19 @@ impl ClusterWindow {
         }
     }
 
+    /// No sample in the window, nor in the slice one ahead that another
+    /// worker may have opened already (see `expire`): its samples are as
+    /// recent as can be.
+    pub fn is_idle(&self, now_ms: u64) -> bool {
+        let now_epoch = self.geometry.epoch(now_ms);
+        !self.slices.iter().any(|s| self.is_kept(s, now_epoch))
+    }
+
+    /// Live, or the slice one ahead with samples (see `expire`).
+    fn is_kept(&self, slice: &Slice, now_epoch: u64) -> bool {
+        self.is_live(slice, now_epoch) || (!slice.sketch.is_empty() && slice.epoch == now_epoch + 1)
+    }
+
     /// Clears slices that have left the window (keeps the shared encoding
     /// small). A slice one ahead stays: a worker reads the clock once per
     /// tick, so another may have written the next slice since (at a slice
@@ -89,9 +102,10 @@ impl ClusterWindow {
     pub fn expire(&mut self, now_ms: u64) {
         let now_epoch = self.geometry.epoch(now_ms);
         for i in 0..SLICES {
-            let live = self.slices.get(i).is_some_and(|s| {
-                self.is_live(s, now_epoch) || (!s.sketch.is_empty() && s.epoch == now_epoch + 1)
-            });
+            let live = self
+                .slices
+                .get(i)
+                .is_some_and(|s| self.is_kept(s, now_epoch));
             if let (false, Some(slot)) = (live, self.slices.get_mut(i)) {
                 slot.sketch.clear();
                 slot.epoch = 0;
@@ -222,6 +236,20 @@ mod tests {
         w.expire(6_500);
         assert_eq!(w.slices.iter().filter(|s| !s.sketch.is_empty()).count(), 1);
         assert_eq!(w.snapshot(6_500).count(), 10);
+    }
+
+    /// Samples a worker past a slice boundary wrote into the next slice
+    /// make the window busy for a worker whose clock is still before it
+    /// (it evicted the cluster, and those samples, before).
+    #[test]
+    fn a_slice_one_ahead_is_not_idle() {
+        let mut w = ClusterWindow::new(WindowGeometry::new(Duration::from_secs(6)));
+        assert!(w.is_idle(5_900));
+        w.merge(6_000, &batch(1000.0, 1));
+        assert!(w.snapshot(5_900).is_empty());
+        assert!(!w.is_idle(5_900));
+        assert!(!w.is_idle(6_000));
+        assert!(w.is_idle(12_000));
     }
 
     #[test]

@@ -1974,6 +1974,14 @@ impl Worker {
             );
         }
         let Some(shared) = self.account(update, log, "cluster") else {
+            // A revival not written: the registry is read again at the next
+            // tick before anything is revived, since another worker may have
+            // taken the name out meanwhile (a value revived blind then lived
+            // outside the registry, one over max_clusters: found by a review).
+            if let Some(state) = self.clusters.get_mut(id).filter(|s| s.revive) {
+                state.revive = false;
+                state.tracking = Tracking::Pending;
+            }
             return false;
         };
         let Some(state) = self.clusters.get_mut(id) else {
@@ -3611,6 +3619,61 @@ mod tests {
         w.flush_metrics(&mut stats);
         assert_eq!(stats.get("adaptive_hedge.requests_total.c"), Some(1));
         assert_eq!(stats.get("adaptive_hedge.ineligible_total.c"), Some(1));
+    }
+
+    /// A store whose writes of one key always conflict.
+    struct ConflictsOn<'a>(&'a MemoryStore, String);
+    impl SharedStore for ConflictsOn<'_> {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            self.0.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            if key == self.1 {
+                return Err(StoreError::CasMismatch);
+            }
+            self.0.set(key, value, cas)
+        }
+    }
+
+    /// A revival whose write failed is not retried blind: the name may
+    /// have left the registry meanwhile, and a value revived then lived
+    /// outside it. The registry is read again first.
+    #[test]
+    fn a_revival_not_written_reads_the_registry_again() {
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut a = Worker::new(config(r#"{"max_clusters": 2, "min_samples": 1}"#));
+        let key = cluster_key(G30, "x");
+        let unregister = |store: &MemoryStore| {
+            let bytes = Registry { names: Vec::new() }.encode();
+            store
+                .values
+                .borrow_mut()
+                .insert(registry_key(G30), (bytes, 99));
+        };
+        traffic(&mut a, "x", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        // evicted by another worker: a marker, the name out of the registry
+        store.set(&key, &SharedCluster::evicted(), 0).unwrap();
+        unregister(&store);
+        a.sync(T0 + 200, &store, &mut log);
+        decision(&mut a, b"x", b"GET");
+        // a puts the name back; its revival's write fails
+        a.sync(T0 + 400, &ConflictsOn(&store, key.clone()), &mut log);
+        let (value, _) = store.get(&key).unwrap().unwrap();
+        assert_eq!(value, SharedCluster::evicted());
+        // and another worker takes the stranded name out again
+        unregister(&store);
+        decision(&mut a, b"x", b"GET");
+        a.sync(T0 + 600, &store, &mut log);
+        let (value, _) = store.get(&key).unwrap().unwrap();
+        let (registry, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+        let names = Registry::decode(&registry).unwrap().names;
+        assert_eq!(
+            SharedCluster::decode(&value, G30).is_ok(),
+            names.contains(&"x".to_string()),
+            "a live value and its name in the registry go together: {names:?}"
+        );
     }
 
     /// A store whose every call fails with a host status.
