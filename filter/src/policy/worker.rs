@@ -2843,8 +2843,7 @@ mod tests {
     #[test]
     fn workers_creating_the_registry_at_once_lose_no_cluster() {
         let store = first_ticks_interleaved(&registry_key(G30), "d");
-        let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-        let mut names = Registry::decode(&bytes).unwrap().names;
+        let mut names = registry(&store);
         names.sort();
         assert_eq!(names, ["c", "d"]);
     }
@@ -3082,10 +3081,6 @@ mod tests {
         );
         // a window later, one and two idle; three still asked for: found
         // idle once, then again a slice (5 s) later, one goes
-        let registry = |store: &MemoryStore| {
-            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-            Registry::decode(&bytes).unwrap().names
-        };
         decision(&mut a, b"three", b"GET");
         a.sync(T0 + 31_000, &store, &mut log);
         assert!(!registry(&store).contains(&"three".to_string()));
@@ -3134,6 +3129,12 @@ mod tests {
         assert_eq!(stats.get("adaptive_hedge.clusters_evicted_total"), Some(2));
     }
 
+    /// The names in the registry of the 30 s window.
+    fn registry(store: &MemoryStore) -> Vec<String> {
+        let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
+        Registry::decode(&bytes).unwrap().names
+    }
+
     /// A cluster another worker has just registered is empty until that
     /// worker's next tick brings its samples: it keeps its slot, since
     /// idle means found empty a slice apart. Before, a cluster at less than
@@ -3145,10 +3146,6 @@ mod tests {
         let cfg = config(r#"{"max_clusters": 1, "min_samples": 1}"#);
         let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
         let mut log = Lines::default();
-        let registry = |store: &MemoryStore| {
-            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-            Registry::decode(&bytes).unwrap().names
-        };
         decision(&mut a, b"p", b"GET");
         a.sync(T0, &store, &mut log);
         assert_eq!(registry(&store), ["p"]);
@@ -3247,10 +3244,6 @@ mod tests {
         // a new cluster waits: the stuck marker's slot is given up, once
         // a has seen the marker at two ticks (at one it may be an eviction
         // between its two writes)
-        let registry = |store: &MemoryStore| {
-            let (bytes, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-            Registry::decode(&bytes).unwrap().names
-        };
         traffic(&mut a, "y", 5, 1000);
         a.sync(T0 + 400, &store, &mut log);
         assert_eq!(registry(&store), ["x"]);
@@ -3667,8 +3660,7 @@ mod tests {
         decision(&mut a, b"x", b"GET");
         a.sync(T0 + 600, &store, &mut log);
         let (value, _) = store.get(&key).unwrap().unwrap();
-        let (registry, _) = store.get(&registry_key(G30)).unwrap().unwrap();
-        let names = Registry::decode(&registry).unwrap().names;
+        let names = registry(&store);
         assert_eq!(
             SharedCluster::decode(&value, G30).is_ok(),
             names.contains(&"x".to_string()),
