@@ -32,7 +32,24 @@ pub enum Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetadataError {
     pub field: String,
+    /// The value as given, as a log line shows it ("" for the whole value).
+    pub value: String,
     pub why: String,
+}
+
+/// A value as a log line shows it: its text, quoted (at most 64
+/// characters), or else its first bytes in hex (a number's double).
+fn shown(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(text) if !text.chars().any(char::is_control) => {
+            format!("{:?}", text.chars().take(64).collect::<String>())
+        }
+        _ => {
+            let hex: String = raw.iter().take(16).map(|b| format!("{b:02x}")).collect();
+            let more = if raw.len() > 16 { "..." } else { "" };
+            format!("0x{hex}{more}")
+        }
+    }
 }
 
 /// The largest integer a double holds exactly (2^53).
@@ -46,6 +63,7 @@ pub fn overrides_to_json(
 ) -> Result<Value, MetadataError> {
     let entries = pairs::decode(buf).ok_or_else(|| MetadataError {
         field: String::new(),
+        value: String::new(),
         why: "not a map of settings".into(),
     })?;
     let mut object = Map::new();
@@ -53,6 +71,7 @@ pub fn overrides_to_json(
         let field = String::from_utf8_lossy(key).into_owned();
         let error = |why: &str| MetadataError {
             field: field.clone(),
+            value: shown(raw),
             why: why.into(),
         };
         let kind = kind_of(&field).ok_or_else(|| {
@@ -323,8 +342,8 @@ mod tests {
         let err = |buf: Vec<u8>| overrides_to_json(&buf, kind_of).unwrap_err();
         let e = err(pairs::serialise(&[("disabled", "yes")]));
         assert_eq!(
-            (e.field.as_str(), e.why.as_str()),
-            ("disabled", "expected true or false")
+            (e.field.as_str(), e.value.as_str(), e.why.as_str()),
+            ("disabled", "\"yes\"", "expected true or false")
         );
         let e = err(pairs::serialise(&[("percentile", "high")]));
         assert_eq!(

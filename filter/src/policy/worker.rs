@@ -985,19 +985,20 @@ impl Worker {
         let base = config.policy_for(cluster_name);
         let prefix = "filter_metadata.adaptive_hedge.";
         let mut warnings = Vec::new();
+        // "field = value: rule", as the plugin configuration's errors read
+        let refusal = |field: &str, value: &str, rule: &str| {
+            if value.is_empty() {
+                format!("{field}: {rule}")
+            } else {
+                format!("{field} = {value}: {rule}")
+            }
+        };
         let policy = overrides_to_json(metadata, policy_field_kind)
-            .map_err(|e| format!("{prefix}{}: {}", e.field, e.why))
+            .map_err(|e| refusal(&format!("{prefix}{}", e.field), &e.value, &e.why))
             .and_then(|json| {
                 config
                     .route_policy(&base, json, prefix, &mut warnings)
-                    .map_err(|e| {
-                        let value = if e.value.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" = {}", e.value)
-                        };
-                        format!("{}{value}: {}", e.field, e.rule)
-                    })
+                    .map_err(|e| refusal(&e.field, &e.value, &e.rule))
             });
         // The glue reads responses' hosts and writes the host header only
         // when the configuration chooses hosts somewhere (a client's header
