@@ -524,10 +524,10 @@ pub struct Worker {
     eviction_cursor: usize,
     /// Registered names whose key held an evicted marker, and the tick it
     /// was seen (see `stranded`).
-    markers_seen: Vec<(String, u64)>,
-    /// Registered clusters this worker found idle, and when it first did
-    /// (`idle_for_a_slice`).
-    idle_seen: Vec<(String, u64)>,
+    markers_seen: Sightings,
+    /// Registered clusters this worker found idle, and when it first did,
+    /// in ms (`idle_for_a_slice`).
+    idle_seen: Sightings,
     /// Names to take out of the registry on its next update: a marker
     /// stranded beside them.
     unregister: Vec<String>,
@@ -642,8 +642,8 @@ impl Worker {
             name_taken_logged: false,
             unreadable_overrides_logged: false,
             eviction_cursor: 0,
-            markers_seen: Vec::new(),
-            idle_seen: Vec::new(),
+            markers_seen: Sightings::new(MARKERS_REMEMBERED),
+            idle_seen: Sightings::new(IDLE_REMEMBERED),
             unregister: Vec::new(),
             ticks: 0,
             tick_us,
@@ -1746,7 +1746,7 @@ impl Worker {
             state.revive = slot == Slot::Added;
             if state.revive {
                 let name = &state.name;
-                self.markers_seen.retain(|(n, _)| n != name);
+                self.markers_seen.forget(name);
             }
             state.tracking = if tracked {
                 Tracking::Tracked
@@ -1848,28 +1848,14 @@ impl Worker {
     /// (the names looked at are drawn at random, so a second look may come
     /// late), at most `IDLE_REMEMBERED`.
     fn idle_for_a_slice(&mut self, name: &str, idle: bool, now_ms: u64) -> bool {
+        if !idle {
+            self.idle_seen.forget(name);
+            return false;
+        }
         let slice_ms = self.geometry.slice_ms.max(1);
         let window_ms = slice_ms.saturating_mul(SLICES as u64);
         self.idle_seen
-            .retain(|(n, at)| now_ms.saturating_sub(*at) <= window_ms && (idle || n != name));
-        if !idle {
-            return false;
-        }
-        if let Some(i) = self.idle_seen.iter().position(|(n, _)| n == name) {
-            let long_enough = self
-                .idle_seen
-                .get(i)
-                .is_some_and(|&(_, at)| now_ms.saturating_sub(at) >= slice_ms);
-            if long_enough {
-                self.idle_seen.swap_remove(i);
-            }
-            return long_enough;
-        }
-        if self.idle_seen.len() >= IDLE_REMEMBERED {
-            self.idle_seen.remove(0);
-        }
-        self.idle_seen.push((name.to_string(), now_ms));
-        false
+            .seen_before(name, now_ms, slice_ms, window_ms)
     }
 
     /// Whether the evicted marker found in the key of registered `name` is
@@ -1882,23 +1868,10 @@ impl Worker {
     /// put the name back, before it replaces the marker): so it is
     /// stranded only if it was seen at an earlier tick too.
     fn stranded(&mut self, name: &str) -> bool {
-        let now = self.ticks;
         // a sighting ticks ago was of another marker (an eviction since
         // undone by a revival): it says nothing of this one
         self.markers_seen
-            .retain(|&(_, at)| now.saturating_sub(at) <= MARKER_TICKS);
-        if let Some(i) = self.markers_seen.iter().position(|(n, _)| n == name) {
-            if self.markers_seen.get(i).is_some_and(|&(_, at)| at < now) {
-                self.markers_seen.swap_remove(i);
-                return true;
-            }
-            return false;
-        }
-        if self.markers_seen.len() >= MARKERS_REMEMBERED {
-            self.markers_seen.remove(0);
-        }
-        self.markers_seen.push((name.to_string(), now));
-        false
+            .seen_before(name, self.ticks, 1, MARKER_TICKS)
     }
 
     fn sync_cluster(
@@ -1988,11 +1961,8 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return false;
         };
-        if !self.markers_seen.is_empty() {
-            // its value decoded: a marker seen before is gone
-            let name = &state.name;
-            self.markers_seen.retain(|(n, _)| n != name);
-        }
+        // its value decoded: a marker seen before is gone
+        self.markers_seen.forget(&state.name);
         state.revive = false;
         state.samples.clear();
         state.cut_short.clear();
@@ -2260,6 +2230,54 @@ fn judge_timer(
 
 /// How long the admin interface's read is trusted: a few periods, or
 /// ticks if those are longer (see `Membership::members`).
+/// Names a worker has seen in some state, and when (in ticks or ms: the
+/// caller's unit), at most `cap` of them: for what holds only once seen
+/// twice some time apart (an idle cluster, a stranded marker).
+#[derive(Debug)]
+struct Sightings {
+    seen: Vec<(String, u64)>,
+    cap: usize,
+}
+
+impl Sightings {
+    fn new(cap: usize) -> Self {
+        Sightings {
+            seen: Vec::new(),
+            cap,
+        }
+    }
+
+    /// Whether `name`, seen now (`now`), was seen at least `min_age` and
+    /// at most `max_age` before; if so the sighting is spent, else this
+    /// one is kept (a first, or again within `min_age`: the first stays).
+    fn seen_before(&mut self, name: &str, now: u64, min_age: u64, max_age: u64) -> bool {
+        self.seen
+            .retain(|&(_, at)| now.saturating_sub(at) <= max_age);
+        if let Some(i) = self.seen.iter().position(|(n, _)| n == name) {
+            let old_enough = self
+                .seen
+                .get(i)
+                .is_some_and(|&(_, at)| now.saturating_sub(at) >= min_age);
+            if old_enough {
+                self.seen.swap_remove(i);
+            }
+            return old_enough;
+        }
+        if self.seen.len() >= self.cap {
+            self.seen.remove(0);
+        }
+        self.seen.push((name.to_string(), now));
+        false
+    }
+
+    /// `name` is no longer so: its sighting goes.
+    fn forget(&mut self, name: &str) {
+        if !self.seen.is_empty() {
+            self.seen.retain(|(n, _)| n != name);
+        }
+    }
+}
+
 /// Ticks of `tick_us` an armed request's per-try timeout spans (what the
 /// budget keeps its hedges apart by, from arming to settling).
 fn delay_ticks(per_try_timeout_ms: u64, tick_us: u64) -> u64 {
