@@ -265,6 +265,67 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// `Worker::on_host_response` of a cluster whose policy chooses hosts.
+    fn hear_host_response(&mut self, pick: Option<HostPick>, response: HostResponse) {
+        let winner = match (response.address, pick) {
+            (Some(address), _) => self.hosts.find_or_add(address),
+            (None, Some(p)) if response.attempts == Some(1) && !self.hosts.doubted(p.primary) => {
+                Some(p.primary)
+            }
+            (None, _) => None,
+        };
+        let Some(winner) = winner else {
+            return;
+        };
+        self.hosts.answered(winner);
+        let hedged = response.attempts.is_some_and(|a| a >= 2);
+        let per_try_us = response
+            .per_try_timeout_ms
+            .map(|ms| ms.saturating_mul(1000));
+        // the sample `on_response` took of this response: was it a primary
+        // cut short by its hedge? (the backend's own latency)
+        if let (false, Some(latency_us)) = (response.failed, response.latency_us) {
+            let primary_answered = pick.map(|p| p.primary == winner);
+            if primary_cut_short(latency_us, response.attempts, per_try_us, primary_answered) {
+                self.cut_short.add(latency_us as f64);
+            }
+        }
+        // Any answer of the host clears the timeouts the filter left
+        // standing there: a success resets outlier detection's count, and a
+        // host answering 5xx is counted (and ejected) for its own errors,
+        // whatever the filter does.
+        if response.from_upstream {
+            self.hosts.answered_upstream(winner);
+        }
+        if response.failed {
+            self.hosts.fail(winner);
+        } else if let Some(latency_us) = response.latency_us {
+            let latency = latency_us as f64;
+            match pick {
+                // the primary lost: a later attempt answered first (a hedge
+                // after the delay, or a retry after a 5xx or a reset). A
+                // failure (what a failing or slow host does; a healthy one
+                // loses only the races its tail loses), and it was at least
+                // that slow; a hedge answered `delay` after it started.
+                Some(p) if hedged && p.primary != winner => {
+                    self.hosts.fail(p.primary);
+                    self.hosts.observe_bound(p.primary, latency);
+                    if let Some(d) = per_try_us.filter(|&d| latency_us >= d) {
+                        self.hosts.observe(winner, (latency_us - d) as f64);
+                        self.metrics.add(ClusterMetric::HedgesWon, 1);
+                    }
+                }
+                // hedged, but which attempt answered is not known
+                None if hedged => {}
+                _ => self.hosts.observe(winner, latency),
+            }
+        }
+        // only an address read tells whether Envoy followed the header
+        if let (Some(p), Some(1), Some(_)) = (pick, response.attempts, response.address) {
+            self.hosts.record_override(p.primary, p.primary == winner);
+        }
+    }
+
     fn new(name: String, envoy_cluster: String, policy: Arc<ClusterPolicy>) -> Self {
         let armed = ArmedRequests::new(1.0 - trigger_quantile(&policy));
         ClusterState {
@@ -1130,6 +1191,9 @@ impl Worker {
     /// What a response says about the cluster's hosts: the winner's
     /// latency (the primary's lower bound when the hedge won), failures,
     /// and whether the host the filter named is the one that answered.
+    /// Ends the pick (`end_pick`) after: ended before, a forgotten primary's
+    /// slot was free for the winner's address when it is new, and a
+    /// hedge's answer was taken for the primary's.
     pub fn on_host_response(
         &mut self,
         id: ClusterId,
@@ -1139,65 +1203,11 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return;
         };
-        if !state.policy.host_choice {
-            return;
+        if state.policy.host_choice {
+            state.hear_host_response(pick, response);
         }
-        let winner = match (response.address, pick) {
-            (Some(address), _) => state.hosts.find_or_add(address),
-            (None, Some(p)) if response.attempts == Some(1) && !state.hosts.doubted(p.primary) => {
-                Some(p.primary)
-            }
-            (None, _) => None,
-        };
-        let Some(winner) = winner else {
-            return;
-        };
-        state.hosts.answered(winner);
-        let hedged = response.attempts.is_some_and(|a| a >= 2);
-        let per_try_us = response
-            .per_try_timeout_ms
-            .map(|ms| ms.saturating_mul(1000));
-        // the sample `on_response` took of this response: was it a primary
-        // cut short by its hedge? (the backend's own latency)
-        if let (false, Some(latency_us)) = (response.failed, response.latency_us) {
-            let primary_answered = pick.map(|p| p.primary == winner);
-            if primary_cut_short(latency_us, response.attempts, per_try_us, primary_answered) {
-                state.cut_short.add(latency_us as f64);
-            }
-        }
-        // Any answer of the host clears the timeouts the filter left
-        // standing there: a success resets outlier detection's count, and a
-        // host answering 5xx is counted (and ejected) for its own errors,
-        // whatever the filter does.
-        if response.from_upstream {
-            state.hosts.answered_upstream(winner);
-        }
-        if response.failed {
-            state.hosts.fail(winner);
-        } else if let Some(latency_us) = response.latency_us {
-            let latency = latency_us as f64;
-            match pick {
-                // the primary lost: a later attempt answered first (a hedge
-                // after the delay, or a retry after a 5xx or a reset). A
-                // failure (what a failing or slow host does; a healthy one
-                // loses only the races its tail loses), and it was at least
-                // that slow; a hedge answered `delay` after it started.
-                Some(p) if hedged && p.primary != winner => {
-                    state.hosts.fail(p.primary);
-                    state.hosts.observe_bound(p.primary, latency);
-                    if let Some(d) = per_try_us.filter(|&d| latency_us >= d) {
-                        state.hosts.observe(winner, (latency_us - d) as f64);
-                        state.metrics.add(ClusterMetric::HedgesWon, 1);
-                    }
-                }
-                // hedged, but which attempt answered is not known
-                None if hedged => {}
-                _ => state.hosts.observe(winner, latency),
-            }
-        }
-        // only an address read tells whether Envoy followed the header
-        if let (Some(p), Some(1), Some(_)) = (pick, response.attempts, response.address) {
-            state.hosts.record_override(p.primary, p.primary == winner);
+        if let Some(pick) = pick {
+            state.hosts.track(pick, false);
         }
     }
 
@@ -1255,13 +1265,14 @@ impl Worker {
         turn % ADDRESS_CHECK_EVERY == 0 || first_this_tick || state.hosts.doubted(pick.primary)
     }
 
-    /// A request whose host the filter chose ended.
     /// Host calls of a request that failed (headers not read, removed or
     /// written): counted, not logged (a request is no place for a log line).
     pub fn count_host_errors(&mut self, failures: u64) {
         self.metrics.add(WorkerMetric::HostErrors, failures);
     }
 
+    /// A request whose host the filter chose ended, its answer not heard
+    /// (`on_host_response` ends the pick of one heard).
     pub fn end_pick(&mut self, id: ClusterId, pick: HostPick) {
         if let Some(state) = self.clusters.get_mut(id) {
             state.hosts.track(pick, false);
@@ -4040,9 +4051,6 @@ mod tests {
             w.on_response(id, plan.route, latency_us);
             let address = format!("h{host}");
             answer(w, id, plan.hosts, &address, 1, latency_us, None);
-            if let Some(pick) = plan.hosts {
-                w.end_pick(id, pick);
-            }
             if let Some(s) = plan.settlement() {
                 w.settle(s, Some(1), None, None, None);
             }
@@ -4379,7 +4387,6 @@ c::h2::weight::1
                 rr += 1;
                 let address = format!("h{}", rr % 3);
                 answer(&mut w, id, Some(pick), &address, 1, 2000, None);
-                w.end_pick(id, pick);
             }
             w.sync(T0 + 200 * tick, &store, &mut log);
             assert_eq!(log.0.len(), tick as usize - 1, "{:?}", log.0);
@@ -4440,7 +4447,6 @@ c::h2::weight::1
             }
             let address = w.clusters[0].hosts.get(winner).unwrap().address.clone();
             answer(w, id, Some(pick), &address, attempts, latency_us, Some(10));
-            w.end_pick(id, pick);
         }
         won
     }
@@ -4479,7 +4485,6 @@ c::h2::weight::1
             }
             .to_string();
             answer(&mut w, id, Some(pick), &address, 1, 2000, None);
-            w.end_pick(id, pick);
         }
         assert!(named_h1 >= 50, "h1 named {named_h1} times before the tick");
         w.sync(T0 + 200, &store, &mut log);
@@ -4541,7 +4546,6 @@ c::h2::weight::1
                 per_try_timeout_ms: None,
             },
         );
-        w.end_pick(id, pick);
     }
 
     /// A host removed from the cluster while requests that named it are

@@ -441,17 +441,30 @@ impl<H: Host> DownstreamRequest<H> {
         int_property(&self.host, ATTEMPT_COUNT).and_then(|n| u64::try_from(n).ok())
     }
 
-    /// Ends the pick of a request of a cluster that learns its hosts, and
-    /// reads which host answered where the worker needs it (a timed or
-    /// shown response); once.
+    /// Reads which host answered a request of a cluster that learns its
+    /// hosts, where the worker needs it (a timed or shown response); once.
+    /// Not read, the pick ends here; read, when the worker hears the answer
+    /// (`report_answer`).
     fn read_answer(&mut self, timed: bool, attempts: Option<u64>) -> Option<Answer> {
         let cluster = self.host_cluster.take()?;
         let pick = self.pick.take();
         let worker = self.worker.clone()?;
         let mut worker = worker.try_borrow_mut().ok()?;
-        if let Some(pick) = pick {
+        let answer = self.answer_of(&mut worker, cluster, pick, timed, attempts);
+        if let (None, Some(pick)) = (&answer, pick) {
             worker.end_pick(cluster, pick);
         }
+        answer
+    }
+
+    fn answer_of(
+        &self,
+        worker: &mut Worker,
+        cluster: ClusterId,
+        pick: Option<HostPick>,
+        timed: bool,
+        attempts: Option<u64>,
+    ) -> Option<Answer> {
         // two host calls: only for the requests timed anyway (the sampled
         // ones: every request below ~1,000/s per worker)
         if !timed && !self.attributes() {
@@ -479,8 +492,8 @@ impl<H: Host> DownstreamRequest<H> {
         })
     }
 
-    /// Tells the worker which host answered (`read_answer`). Returns the
-    /// host's address for the debug header.
+    /// Tells the worker which host answered (`read_answer`), which ends
+    /// the pick. Returns the host's address for the debug header.
     fn report_answer(
         &mut self,
         answer: Answer,
@@ -1745,6 +1758,55 @@ mod tests {
         plugin.on_tick();
         assert!(early[0] >= 10 && early[1] >= 10, "{early:?}");
         assert_eq!(stat(&host, "early_hedges_total"), early[1]);
+    }
+
+    /// A request in flight whose primary another worker forgot (its host
+    /// silent past `FORGET_MS` there), won by a hedge to a host new to the
+    /// filter: the new host takes a slot of its own. Ending the pick before
+    /// the worker heard the answer (as the glue did) freed the primary's
+    /// slot for the new address, and the hedge's win went to the primary.
+    #[test]
+    fn a_hedge_s_win_is_not_taken_for_a_forgotten_primary_s() {
+        use crate::policy::shared_state::{cluster_key, SharedCluster, SharedStore};
+        use crate::policy::window::WindowGeometry;
+        let (host, mut plugin) = plugin(r#"{"min_samples": 10, "budget_percent": 50}"#);
+        for i in 0..60 {
+            answered_by(&host, &plugin, GET, &format!("10.0.0.{}:80", i % 3), |_| 20);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let (mut r, primary) = (0..20)
+            .find_map(|_| {
+                host.request(Some("backend"), GET);
+                let mut r = request(&plugin);
+                r.on_request_headers();
+                let endpoint = host.request_header_text(ENDPOINT_HEADER)?;
+                let named: Vec<String> = endpoint.split(',').map(str::to_string).collect();
+                if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
+                    r.on_log();
+                    return None;
+                }
+                Some((r, named[0].clone()))
+            })
+            .expect("an armed request naming two hosts");
+        // the shared value without the primary, as another worker left it
+        let geometry = WindowGeometry::new(std::time::Duration::from_secs(30));
+        let key = cluster_key(geometry, "backend");
+        let (bytes, cas) = host.state().store.get(&key).unwrap().unwrap();
+        let mut shared = SharedCluster::decode(&bytes, geometry).unwrap();
+        shared.hosts.retain(|h| h.address != primary);
+        assert_eq!(shared.hosts.len(), 2);
+        host.state().store.set(&key, &shared.encode(), cas).unwrap();
+        plugin.on_tick();
+        // past the ~20 ms per-try timeout, the hedge's host answers first
+        host.advance_ms(45);
+        host.respond(RELAYED);
+        host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+        host.set_property(UPSTREAM_ADDRESS, b"10.0.0.9:80");
+        r.on_response_headers(false);
+        r.on_log();
+        plugin.on_tick();
+        assert_eq!(stat(&host, "hedges_won_total"), 1);
     }
 
     #[test]
