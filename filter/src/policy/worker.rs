@@ -60,10 +60,8 @@ const EVICTIONS_PER_TICK: usize = 4;
 /// `idle_for_a_slice`): as many as a registry holds.
 const IDLE_REMEMBERED: usize = 1_024;
 
-/// Evicted markers beside registered names a worker remembers (`stranded`),
-/// and for how many ticks.
+/// Evicted markers beside registered names a worker remembers (`stranded`).
 const MARKERS_REMEMBERED: usize = 32;
-const MARKER_TICKS: u64 = 5;
 
 /// Routes with overrides in their metadata a worker knows at most (each is
 /// hedged as a cluster of its own; past this their requests are not armed).
@@ -585,10 +583,10 @@ pub struct Worker {
     eviction_cursor: usize,
     /// Registered names whose key held an evicted marker, and the tick it
     /// was seen (see `stranded`).
-    markers_seen: Sightings,
+    markers_seen: Sightings<(String, u32)>,
     /// Registered clusters this worker found idle, and when it first did,
     /// in ms (`idle_for_a_slice`).
-    idle_seen: Sightings,
+    idle_seen: Sightings<String>,
     /// Names to take out of the registry on its next update: a marker
     /// stranded beside them.
     unregister: Vec<String>,
@@ -1757,7 +1755,7 @@ impl Worker {
             state.revive = slot == Slot::Added;
             if state.revive {
                 let name = &state.name;
-                self.markers_seen.forget(name);
+                self.markers_seen.forget(|(n, _)| n == name);
             }
             state.tracking = if tracked {
                 Tracking::Tracked
@@ -1839,7 +1837,7 @@ impl Worker {
                             .set(&cluster_key, &SharedCluster::evicted(), cas)
                             .is_ok()
                 }
-                Err(DecodeError::Evicted) => self.stranded(name),
+                Err(DecodeError::Evicted) => self.stranded(name, cas),
                 Err(_) => false,
             };
             if evict {
@@ -1860,29 +1858,32 @@ impl Worker {
     /// late), at most `IDLE_REMEMBERED`.
     fn idle_for_a_slice(&mut self, name: &str, idle: bool, now_ms: u64) -> bool {
         if !idle {
-            self.idle_seen.forget(name);
+            self.idle_seen.forget(|n| n == name);
             return false;
         }
         let slice_ms = self.geometry.slice_ms.max(1);
         let window_ms = slice_ms.saturating_mul(SLICES as u64);
         self.idle_seen
-            .seen_before(name, now_ms, slice_ms, window_ms)
+            .seen_before(name.to_string(), now_ms, slice_ms, window_ms)
     }
 
-    /// Whether the evicted marker found in the key of registered `name` is
-    /// stranded: its eviction wrote the marker and then failed to update
-    /// the registry (eight conflicts in a row, a host error). Nothing else
-    /// takes such a name out, so a busy cluster was registered, found its
-    /// marker and was evicted again, tick after tick, unhedged for good. A
-    /// marker beside a registered name is also seen for a moment in two
-    /// races (an eviction between its two writes; a worker that has just
-    /// put the name back, before it replaces the marker): so it is
-    /// stranded only if it was seen at an earlier tick too.
-    fn stranded(&mut self, name: &str) -> bool {
-        // a sighting ticks ago was of another marker (an eviction since
-        // undone by a revival): it says nothing of this one
+    /// Whether the evicted marker found in the key of registered `name`
+    /// (`marker`: its CAS token) is stranded: its eviction wrote the marker
+    /// and then failed to update the registry (eight conflicts in a row, a
+    /// host error). Nothing else takes such a name out, so a busy cluster
+    /// was registered, found its marker and was evicted again, tick after
+    /// tick, unhedged for good. A marker beside a registered name is also
+    /// seen for a moment in two races (an eviction between its two writes;
+    /// a worker that has just put the name back, before it replaces the
+    /// marker): so it is stranded only if the same marker (its token: a
+    /// marker written since has another) was seen at an earlier tick too.
+    /// Known by its token, a sighting stays good however long ago it was:
+    /// known by tick age (five ticks), a cluster this worker synced less
+    /// often than that (below a request a second) never saw one marker
+    /// twice, and stayed unhedged (found by a review).
+    fn stranded(&mut self, name: &str, marker: u32) -> bool {
         self.markers_seen
-            .seen_before(name, self.ticks, 1, MARKER_TICKS)
+            .seen_before((name.to_string(), marker), self.ticks, 1, u64::MAX)
     }
 
     fn sync_cluster(
@@ -1943,10 +1944,10 @@ impl Worker {
             },
             SharedCluster::encode,
         );
-        if update.evicted {
+        if let Some(marker) = update.evicted {
             state.evicted();
             let name = state.name.clone();
-            if self.stranded(&name) && !self.unregister.contains(&name) {
+            if self.stranded(&name, marker) && !self.unregister.contains(&name) {
                 self.unregister.push(name);
             }
             return false;
@@ -1973,7 +1974,8 @@ impl Worker {
             return false;
         };
         // its value decoded: a marker seen before is gone
-        self.markers_seen.forget(&state.name);
+        let name = &state.name;
+        self.markers_seen.forget(|(n, _)| n == name);
         state.revive = false;
         state.samples.clear();
         state.cut_short.clear();
@@ -2241,16 +2243,17 @@ fn judge_timer(
 
 /// How long the admin interface's read is trusted: a few periods, or
 /// ticks if those are longer (see `Membership::members`).
-/// Names a worker has seen in some state, and when (in ticks or ms: the
-/// caller's unit), at most `cap` of them: for what holds only once seen
-/// twice some time apart (an idle cluster, a stranded marker).
+/// What a worker has seen in some state (a name; a name and a token), and
+/// when (in ticks or ms: the caller's unit), at most `cap` of them: for
+/// what holds only once seen twice some time apart (an idle cluster, a
+/// stranded marker).
 #[derive(Debug)]
-struct Sightings {
-    seen: Vec<(String, u64)>,
+struct Sightings<K> {
+    seen: Vec<(K, u64)>,
     cap: usize,
 }
 
-impl Sightings {
+impl<K: PartialEq> Sightings<K> {
     fn new(cap: usize) -> Self {
         Sightings {
             seen: Vec::new(),
@@ -2258,13 +2261,13 @@ impl Sightings {
         }
     }
 
-    /// Whether `name`, seen now (`now`), was seen at least `min_age` and
+    /// Whether `what`, seen now (`now`), was seen at least `min_age` and
     /// at most `max_age` before; if so the sighting is spent, else this
     /// one is kept (a first, or again within `min_age`: the first stays).
-    fn seen_before(&mut self, name: &str, now: u64, min_age: u64, max_age: u64) -> bool {
+    fn seen_before(&mut self, what: K, now: u64, min_age: u64, max_age: u64) -> bool {
         self.seen
             .retain(|&(_, at)| now.saturating_sub(at) <= max_age);
-        if let Some(i) = self.seen.iter().position(|(n, _)| n == name) {
+        if let Some(i) = self.seen.iter().position(|(k, _)| *k == what) {
             let old_enough = self
                 .seen
                 .get(i)
@@ -2277,14 +2280,14 @@ impl Sightings {
         if self.seen.len() >= self.cap {
             self.seen.remove(0);
         }
-        self.seen.push((name.to_string(), now));
+        self.seen.push((what, now));
         false
     }
 
-    /// `name` is no longer so: its sighting goes.
-    fn forget(&mut self, name: &str) {
+    /// What `gone` matches is no longer so: its sightings go.
+    fn forget(&mut self, gone: impl Fn(&K) -> bool) {
         if !self.seen.is_empty() {
-            self.seen.retain(|(n, _)| n != name);
+            self.seen.retain(|(k, _)| !gone(k));
         }
     }
 }
@@ -2573,7 +2576,8 @@ struct SharedUpdate<T> {
     resets: u64,
     reset: Option<DecodeError>,
     /// The value was evicted (`DecodeError::Evicted`): nothing was written.
-    evicted: bool,
+    /// The marker's CAS token (which tells it from a later marker).
+    evicted: Option<u32>,
     conflicts: u32,
     /// The value now in shared memory; `None` when every attempt met a
     /// conflict (the work is left to the next tick); the failed host call
@@ -2606,7 +2610,7 @@ fn update_shared<T: Clone + PartialEq>(
     let mut outcome = SharedUpdate {
         resets: 0,
         reset: None,
-        evicted: false,
+        evicted: None,
         conflicts: 0,
         result: Ok(None),
     };
@@ -2618,7 +2622,7 @@ fn update_shared<T: Clone + PartialEq>(
                 Ok(value) => (value, stored.len(), cas),
                 // given up while idle: only registering it again revives it
                 Err(DecodeError::Evicted) if !revive => {
-                    outcome.evicted = true;
+                    outcome.evicted = Some(cas);
                     return outcome;
                 }
                 Err(DecodeError::Evicted) => {
@@ -3288,27 +3292,30 @@ mod tests {
         );
     }
 
-    /// A sighting says something of a marker for a few ticks only: one
-    /// seen long ago (an eviction since undone) does not make the next
-    /// marker of that name stranded at first sight, nor does one whose
-    /// value has decoded since.
+    /// A marker is known by its CAS token: seen again at a later tick,
+    /// however much later, it is stranded; another marker of the name (an
+    /// eviction since undone, then another) is not, at first sight, nor is
+    /// one whose value has decoded since.
     #[test]
-    fn old_sightings_of_a_marker_do_not_make_a_new_one_stranded() {
+    fn a_marker_is_stranded_only_when_the_same_one_is_seen_again() {
         let store = MemoryStore::default();
         let mut log = Lines::default();
         let mut w = Worker::new(config(r#"{"min_samples": 1}"#));
-        assert!(!w.stranded("x"), "first sight");
-        w.ticks += MARKER_TICKS + 1;
-        assert!(!w.stranded("x"), "the old sighting is dropped");
+        assert!(!w.stranded("x", 7), "first sight");
+        assert!(!w.stranded("x", 7), "seen again within the tick");
+        w.ticks += 1_000;
+        assert!(!w.stranded("x", 9), "another marker: first sight");
+        assert!(w.stranded("x", 7), "the same marker, ticks later");
         w.ticks += 1;
-        assert!(w.stranded("x"), "seen at the tick before: stranded");
+        assert!(w.stranded("x", 9), "and the other one at a later tick");
         // a sighting, then the cluster's value decodes on a sync
         traffic(&mut w, "y", 5, 1000);
         w.sync(T0, &store, &mut log);
-        assert!(!w.stranded("y"));
+        assert!(!w.stranded("y", 3));
         traffic(&mut w, "y", 5, 1000);
         w.sync(T0 + 200, &store, &mut log);
-        assert!(!w.stranded("y"), "its value decoded: first sight again");
+        w.ticks += 1;
+        assert!(!w.stranded("y", 3), "its value decoded: first sight again");
     }
 
     /// The same stranded marker with room in the registry and no eviction
@@ -3318,6 +3325,26 @@ mod tests {
     /// tick puts it back and revives its value.
     #[test]
     fn a_stranded_marker_heals_without_an_eviction() {
+        let w = heal_stranded_marker(1, 4);
+        let d = decision(&mut { w }, b"x", b"GET");
+        // tracked and learned (its budget, young, may not pay yet)
+        assert!(
+            matches!(d, Decision::Arm(_) | Decision::Skip(Skip::BudgetExhausted)),
+            "{d:?}"
+        );
+    }
+
+    /// The same for a cluster this worker syncs once in ten ticks (a
+    /// request every two seconds): known by tick age (five ticks), its
+    /// marker was never seen twice, and it stayed unhedged for good.
+    #[test]
+    fn a_quiet_cluster_s_stranded_marker_heals_too() {
+        heal_stranded_marker(10, 40);
+    }
+
+    /// Cluster x, registered, its value a stranded marker; a request and its
+    /// response every `every` ticks: revived within `ticks`.
+    fn heal_stranded_marker(every: u64, ticks: u64) -> Worker {
         let store = MemoryStore::default();
         let cfg = config(r#"{"max_clusters": 4, "min_samples": 1}"#);
         let mut w = Worker::new(cfg);
@@ -3327,10 +3354,14 @@ mod tests {
         store
             .set(&cluster_key(G30, "x"), &SharedCluster::evicted(), 0)
             .unwrap();
+        let revived = |store: &MemoryStore| {
+            let (value, _) = store.get(&cluster_key(G30, "x")).unwrap().unwrap();
+            SharedCluster::decode(&value, G30).is_ok()
+        };
         let mut t = T0;
-        for _ in 0..4 {
+        for tick in 1..=ticks {
             t += 200;
-            for _ in 0..5 {
+            if tick % every == 0 {
                 let plan = w.plan(Some(b"x"), None, &GET);
                 if let Some(id) = plan.cluster {
                     w.on_response(id, plan.route, 1000);
@@ -3338,14 +3369,8 @@ mod tests {
             }
             w.sync(t, &store, &mut log);
         }
-        let (value, _) = store.get(&cluster_key(G30, "x")).unwrap().unwrap();
-        assert!(SharedCluster::decode(&value, G30).is_ok(), "revived");
-        let d = decision(&mut w, b"x", b"GET");
-        // tracked and learned (its budget, young, may not pay yet)
-        assert!(
-            matches!(d, Decision::Arm(_) | Decision::Skip(Skip::BudgetExhausted)),
-            "{d:?}"
-        );
+        assert!(revived(&store), "not revived in {ticks} ticks");
+        w
     }
 
     /// A name this worker still has to take out of the registry (its
