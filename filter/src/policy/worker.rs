@@ -1412,11 +1412,16 @@ impl Worker {
         pool: PoolTurn,
         limit: usize,
     ) -> usize {
-        if !self.unregister.is_empty()
-            || self
-                .clusters
-                .iter()
-                .any(|c| c.tracking == Tracking::Pending)
+        // A retiring state registers nothing: a slot it took would be held
+        // for a configuration that may not hedge the cluster, until
+        // evicted as idle a window later.
+        let retiring = pool == PoolTurn::HandOver;
+        if !retiring
+            && (!self.unregister.is_empty()
+                || self
+                    .clusters
+                    .iter()
+                    .any(|c| c.tracking == Tracking::Pending))
         {
             self.register_pending(now_ms, store, log);
         }
@@ -3942,8 +3947,11 @@ mod tests {
         };
         let before = pool(&store);
         let free = old.cluster(0).unwrap().budget.free_micro_tokens();
+        // a cluster the old state met since its last tick is not registered
+        traffic(&mut old, "d", 5, 3000);
         assert_eq!(old.retire(now, &store, &mut Lines::default()), 1);
         assert_eq!(pool(&store), before + free, "its tokens went to the pool");
+        assert_eq!(registry(&store), ["c"]);
         now += 200;
         new.sync(now, &store, &mut Lines::default());
         // its first requests are armed: no warm-up, and tokens to pay
