@@ -179,12 +179,20 @@ pub struct LongHorizon {
 
 impl LongHorizon {
     /// Adds samples taken up to `now_ms`, first halving the older ones once
-    /// per half-life passed since the last merge.
+    /// per half-life passed since the last merge. A clock set back by more
+    /// than a half-life re-bases the count: kept in the future, nothing was
+    /// halved until the clock caught up (after a host booted days ahead and
+    /// was corrected, an all-time histogram, and route slots never freed;
+    /// found by a review). One half-life back is let be: a worker whose
+    /// tick read the clock just before a boundary another one has crossed
+    /// would halve twice.
     pub fn merge(&mut self, now_ms: u64, samples: &Sketch) {
         let period = now_ms / LONG_HALF_LIFE_MS;
         if period > self.period {
             let passed = u32::try_from(period - self.period).unwrap_or(u32::MAX);
             self.sketch.halve(passed);
+            self.period = period;
+        } else if period.saturating_add(1) < self.period {
             self.period = period;
         }
         self.sketch.merge(samples);
@@ -286,6 +294,25 @@ mod tests {
         assert_eq!(long.sketch.count(), 64 + 16);
         long.merge(t0 + 4 * LONG_HALF_LIFE_MS, &Sketch::new());
         assert_eq!(long.sketch.count(), 8 + 2);
+    }
+
+    /// A clock set a day back (a host booted ahead, then corrected): the
+    /// long horizon halves again a half-life later, not a day later. A
+    /// tick that read the clock just before a boundary another worker
+    /// crossed halves nothing twice.
+    #[test]
+    fn the_long_horizon_follows_a_clock_set_back() {
+        let mut long = LongHorizon::default();
+        let t0 = 1_000 * LONG_HALF_LIFE_MS;
+        long.merge(t0, &batch(1000.0, 64));
+        long.merge(t0 - 1, &batch(1000.0, 64));
+        long.merge(t0, &Sketch::new());
+        assert_eq!(long.sketch.count(), 128, "one period back: as it was");
+        let back = t0 - 144 * LONG_HALF_LIFE_MS;
+        long.merge(back, &Sketch::new());
+        assert_eq!(long.sketch.count(), 128);
+        long.merge(back + LONG_HALF_LIFE_MS, &Sketch::new());
+        assert_eq!(long.sketch.count(), 64, "halved a half-life on");
     }
 
     /// Worker b read its clock just before a slice boundary that worker a

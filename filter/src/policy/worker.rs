@@ -285,7 +285,7 @@ impl ClusterState {
         if let (false, Some(latency_us)) = (response.failed, response.latency_us) {
             let primary_answered = pick.map(|p| p.primary == winner);
             if primary_cut_short(latency_us, response.attempts, per_try_us, primary_answered) {
-                self.cut_short.add(latency_us as f64);
+                self.cut_short.add(self.policy.sample_us(latency_us));
             }
         }
         // Any answer of the host clears the timeouts the filter left
@@ -1168,9 +1168,10 @@ impl Worker {
             if let Some(regime) = state.regime.as_mut() {
                 regime.observe(latency_us);
             }
-            state.samples.add(latency_us as f64);
+            let sample = state.policy.sample_us(latency_us);
+            state.samples.add(sample);
             if let Some(route) = route {
-                state.routes.add_sample(route, latency_us as f64);
+                state.routes.add_sample(route, sample);
             }
         }
     }
@@ -2748,6 +2749,39 @@ mod tests {
             let us = get(&format!("latency_{q}_microseconds")) as f64;
             assert!((us / truth - 1.0).abs() < 0.04, "{q}: {us} µs");
         }
+    }
+
+    /// One sample of an hour (the wall clock stepped forward while a
+    /// request was in flight) among samples of 1 to 10 ms: what the
+    /// cluster learned keeps its shape (before, every sample below 168 ms
+    /// read 168 ms, in the window and in the long horizon).
+    #[test]
+    fn an_hour_long_sample_does_not_flatten_what_was_learned() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 100, "max_delay": "1s"}"#));
+        let mut log = Lines::default();
+        w.sync(T0, &store, &mut log);
+        for i in 0..1000 {
+            let plan = w.plan(Some(b"c"), None, &GET);
+            let latency_us = if i == 500 {
+                3_600_000_000
+            } else {
+                1_000 + i % 100 * 90
+            };
+            w.on_response(plan.cluster.unwrap(), plan.route, latency_us);
+            if let Some(s) = plan.settlement() {
+                w.settle(s, Some(1), None, None, None);
+            }
+        }
+        w.sync(T0 + 200, &store, &mut log);
+        let mut stats = Stats::default();
+        w.flush_metrics(&mut stats);
+        let p50 = stats
+            .get("adaptive_hedge.latency_p50_microseconds.c")
+            .unwrap();
+        assert!((5_000..6_000).contains(&p50), "p50 {p50} µs");
+        let delay = w.cluster(0).unwrap().hedge_delay().unwrap().delay_us;
+        assert!(delay < 11_000, "delay {delay} µs");
     }
 
     #[test]
