@@ -477,13 +477,11 @@ impl<H: Host> DownstreamRequest<H> {
         } else {
             None
         };
-        // for the early-timer verdict of an armed request
-        let primary_answered = self.settlement.and(worker.primary_answered(
-            cluster,
-            pick,
-            address.as_deref(),
-            attempts,
-        ));
+        // for the early-timer verdict of an armed request, on the headers
+        // or (first-byte mode, settled at the headers) on the first byte
+        let armed = self.settlement.or(self.first_byte_verdict);
+        let primary_answered =
+            armed.and(worker.primary_answered(cluster, pick, address.as_deref(), attempts));
         Some(Answer {
             cluster,
             pick,
@@ -1631,6 +1629,62 @@ mod tests {
         plugin.on_tick();
         assert_eq!(stat(&host, "early_hedges_total"), 10);
         assert_eq!(stat(&host, "hedges_sent_total"), 20);
+    }
+
+    /// First-byte mode with host choice: as on the headers, a hedge's
+    /// first byte before the per-try timeout is early only if the
+    /// primary's host sent it. Before, the verdict never knew which host
+    /// answered (the request was settled at the headers), so a fast 503
+    /// retried on the hedge's host within 5 ms of the timeout counted as
+    /// early (found by a review).
+    #[test]
+    fn first_byte_mode_knows_which_host_sent_an_early_first_byte() {
+        let (host, mut plugin) =
+            plugin(r#"{"min_samples": 10, "budget_percent": 50, "latency_signal": "first_byte"}"#);
+        confirm_backend(&host, &plugin);
+        let streamed = |r: &mut DownstreamRequest<FakeHost>, attempts: i64, address: &str| {
+            host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+            host.set_property(ATTEMPT_COUNT, &attempts.to_le_bytes());
+            host.set_property(UPSTREAM_ADDRESS, address.as_bytes());
+            r.on_response_headers(false);
+            host.advance_ms(if attempts == 1 { 20 } else { 18 });
+            r.on_response_body(5, false);
+            r.on_log();
+        };
+        for i in 0..60 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            let address = match host.request_header_text(ENDPOINT_HEADER) {
+                Some(named) => named.split(',').next().unwrap_or_default().to_string(),
+                None => format!("10.0.0.{}:80", i % 3),
+            };
+            streamed(&mut r, 1, &address);
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        let mut early = [0u64; 2];
+        for i in 0..40 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers();
+            let endpoint = host
+                .request_header_text(ENDPOINT_HEADER)
+                .unwrap_or_default();
+            let named: Vec<&str> = endpoint.split(',').collect();
+            if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
+                r.on_log(); // explored, or not armed
+                continue;
+            }
+            // two attempts, the first byte 18 ms in (before the ~20 ms
+            // per-try timeout, within 5 ms of it)
+            let primary_answered = i % 2 == 0;
+            streamed(&mut r, 2, named[usize::from(!primary_answered)]);
+            early[usize::from(primary_answered)] += 1;
+        }
+        plugin.on_tick();
+        assert!(early[0] >= 10 && early[1] >= 10, "{early:?}");
+        assert_eq!(stat(&host, "early_hedges_total"), early[1]);
     }
 
     /// Shadow mode with first-byte timing: streams send headers at once,

@@ -113,6 +113,10 @@ impl<H: Host> Plugin<H> {
     /// shared memory and the stats, for the configuration that follows.
     pub fn on_done(&mut self) {
         let Some(Ok(mut worker)) = self.worker.as_ref().map(|w| w.try_borrow_mut()) else {
+            // the upstream role: its counts since the last tick
+            if let Ok(mut holds) = self.holds.try_borrow_mut() {
+                holds.flush_metrics(&mut self.host.clone());
+            }
             return;
         };
         let Ok(now_ns) = self.host.now_ns() else {

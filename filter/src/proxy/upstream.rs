@@ -151,6 +151,24 @@ mod tests {
         );
     }
 
+    /// A plugin replaced (a configuration pushed) flushes what it counted
+    /// since its last tick: before, the upstream role's last second was
+    /// lost (found by a review).
+    #[test]
+    fn a_retiring_upstream_plugin_flushes_its_counts() {
+        let (host, mut plugin) = plugin(UPSTREAM);
+        let mut a = attempt(&host, &plugin, true);
+        respond(&host, "200");
+        assert_eq!(a.on_response_headers(false), Action::Pause);
+        a.on_done();
+        plugin.on_done();
+        assert_eq!(host.stat("adaptive_hedge.first_byte_holds_total"), Some(1));
+        assert_eq!(
+            host.stat("adaptive_hedge.first_byte_held_ended_total"),
+            Some(1)
+        );
+    }
+
     #[test]
     fn trailers_or_the_end_release_a_hold_and_a_cancelled_loser_is_counted() {
         let (host, mut plugin) = plugin(UPSTREAM);
