@@ -575,6 +575,8 @@ pub struct Worker {
     index: HashMap<Box<[u8]>, ClusterId>,
     metrics: MetricTable<WorkerMetric>,
     registry_full_logged: bool,
+    /// The tick a shared-memory call's failure was last logged at.
+    shared_error_logged: Option<u64>,
     /// The worker's own table of clusters was found full (see `insert`).
     table_full_logged: bool,
     /// A cluster named as a route's state was logged (see `name_taken`).
@@ -700,6 +702,7 @@ impl Worker {
             index: HashMap::new(),
             metrics: MetricTable::default(),
             registry_full_logged: false,
+            shared_error_logged: None,
             table_full_logged: false,
             name_taken_logged: false,
             unreadable_overrides_logged: false,
@@ -2118,7 +2121,10 @@ impl Worker {
     }
 
     /// Counts what an `update_shared` met (resets, conflicts, a host error,
-    /// logged once per flush); the value if it is in shared memory now.
+    /// logged at most once a minute); the value if it is in shared memory
+    /// now. Logged when the tick's count was one, a request's failed header
+    /// call first kept a failing shared memory out of the log, and a lasting
+    /// failure was logged on every tick (found by a review).
     fn account<T>(
         &mut self,
         update: SharedUpdate<T>,
@@ -2133,7 +2139,12 @@ impl Worker {
             Ok(stored) => stored,
             Err((call, e)) => {
                 self.metrics.add(WorkerMetric::HostErrors, 1);
-                if self.metrics.pending(WorkerMetric::HostErrors) == 1 {
+                let minute = (60_000_000 / self.tick_us.max(1)).max(1);
+                let quiet = self
+                    .shared_error_logged
+                    .map_or(true, |at| self.ticks.saturating_sub(at) >= minute);
+                if quiet {
+                    self.shared_error_logged = Some(self.ticks);
                     log.log(
                         Level::Error,
                         &format!("{call}_shared_data({what}) failed: {e:?}; hedging uses the last known state"),
@@ -3816,11 +3827,16 @@ mod tests {
         assert_ne!(key("c"), cluster_key(b.geometry(), "c"));
     }
 
+    /// A failing shared memory is logged once a minute at most, whatever
+    /// else counts host errors (a request's header call failing first kept
+    /// it out of the log; flushed every tick, a lasting failure was logged
+    /// on every tick).
     #[test]
-    fn host_errors_are_counted_logged_once_and_change_nothing() {
+    fn host_errors_are_counted_logged_once_a_minute_and_change_nothing() {
         let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
         let mut log = Lines::default();
         traffic(&mut w, "c", 50, 3000);
+        w.count_host_errors(1);
         w.sync(T0, &Broken, &mut log);
         w.sync(T0 + 200, &Broken, &mut log);
         assert_eq!(log.0.len(), 1, "{:?}", log.0);
@@ -3831,7 +3847,16 @@ mod tests {
         );
         let mut stats = Stats::default();
         w.flush_metrics(&mut stats);
-        assert_eq!(stats.get("adaptive_hedge.host_errors_total"), Some(2));
+        assert_eq!(stats.get("adaptive_hedge.host_errors_total"), Some(3));
+        // a minute of ticks (300 of 200 ms), flushed on each: logged again
+        // only after it
+        for t in 2..300 {
+            w.sync(T0 + t * 200, &Broken, &mut log);
+            w.flush_metrics(&mut stats);
+        }
+        assert_eq!(log.0.len(), 1, "{:?}", log.0);
+        w.sync(T0 + 300 * 200, &Broken, &mut log);
+        assert_eq!(log.0.len(), 2, "{:?}", log.0);
         // the samples wait for a store that works
         let store = MemoryStore::default();
         w.sync(T0 + 400, &store, &mut log);
