@@ -808,7 +808,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
     let seed = std::env::var("BENCH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2026);
+        .unwrap_or(workloads::DEFAULT_SEED);
     // BENCH_DRAW: the same workloads, their requests' latencies drawn
     // anew: how far chance alone moves the ratios and counts
     let draw = std::env::var("BENCH_DRAW")

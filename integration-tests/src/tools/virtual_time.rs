@@ -605,12 +605,13 @@ pub fn run(
                 }
                 if let Some(w) = workers.get_mut(wi) {
                     // as the filter (`DownstreamRequest::on_response_headers`):
-                    // the sample, the pick ended and the answer read, the
-                    // hedges settled, then the host told
+                    // the sample, the answer read (an untimed request's pick
+                    // ended instead), the hedges settled, then the host told
+                    // (which ends the pick)
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
                     }
-                    if let Some((pick, cluster)) = pick {
+                    if let (Some((pick, cluster)), None) = (pick, sample) {
                         w.end_pick(cluster, pick);
                     }
                     let answered = address(answered);
