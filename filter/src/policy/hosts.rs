@@ -803,7 +803,11 @@ impl Hosts {
         let panic = match serving {
             Some(Serving::Spread) => true,
             Some(Serving::Only(_)) => false,
-            _ => members.is_some_and(|m| 2 * m.iter().filter(|m| m.healthy).count() < m.len()),
+            // excluded hosts are out of Envoy's count (`Member::excluded`)
+            _ => members.is_some_and(|m| {
+                let counted = m.iter().filter(|m| !m.excluded).count();
+                2 * m.iter().filter(|m| m.healthy).count() < counted
+            }),
         };
         self.panicking = panic;
         let elsewhere =
@@ -1901,6 +1905,24 @@ mod tests {
         ];
         assert_eq!(hosts.refresh(&shared, Some(&said)).held_out, 0);
         assert!((0..200u64).all(|r| hosts.choose(2, mix(r), true).is_none()));
+        // nor with hosts Envoy leaves out of its count: new hosts waiting
+        // for their first check are no panic (2 of 2 counted healthy)
+        let (mut six, shared_six) = measured_with(&[2000.0; 6]);
+        let pending = |i: usize| Member {
+            excluded: true,
+            ..member(i, 1, false)
+        };
+        let said: Vec<Member> = (0..6)
+            .map(|i| {
+                if i < 2 {
+                    member(i, 1, true)
+                } else {
+                    pending(i)
+                }
+            })
+            .collect();
+        assert_eq!(six.refresh(&shared_six, Some(&said)).held_out, 4);
+        assert!((0..200u64).any(|r| six.choose(2, mix(r), true).is_some()));
         // half healthy is not panic
         let said = [
             member(0, 1, false),

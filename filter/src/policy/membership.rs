@@ -61,6 +61,17 @@ const EXCLUDING_FLAGS: &[&str] = &[
     "pending_active_hc",
     "excluded_via_immediate_hc_fail",
 ];
+/// Health flags with which Envoy leaves a host out of its priority's count
+/// for the load and the panic threshold (its `excludeBasedOnHealthFlag`).
+/// Counted as unhealthy members instead, a cluster scaled from 3 to 8 with
+/// `ignore_new_hosts_until_first_hc` read as a panic (3 of 8 healthy)
+/// where Envoy sees 3 of 3, and the filter named no host until the checks
+/// passed (found by a review).
+const EXCLUDED_FLAGS: &[&str] = &[
+    "pending_active_hc",
+    "excluded_via_immediate_hc_fail",
+    "eds_status_draining",
+];
 
 /// One host of a cluster, as the admin interface lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +86,7 @@ pub struct Member {
     /// priority's healthy hosts are too few (not counted as healthy in
     /// `serving`).
     pub degraded: bool,
-    /// `excluded_via_immediate_hc_fail`: out of its priority's count.
+    /// `EXCLUDED_FLAGS`: out of its priority's count.
     pub excluded: bool,
     /// The host's priority (0 the first; Istio puts other localities'
     /// hosts at 1, 2... when it fails over between them).
@@ -424,7 +435,7 @@ pub fn parse_admin_clusters(
             let flags = || value.split('/').map(str::trim);
             member.healthy = !flags().any(|flag| EXCLUDING_FLAGS.contains(&flag));
             member.degraded = flags().any(|flag| flag.starts_with("degraded_"));
-            member.excluded = flags().any(|flag| flag == "excluded_via_immediate_hc_fail");
+            member.excluded = flags().any(|flag| EXCLUDED_FLAGS.contains(&flag));
         }
     }
     clusters.retain(|_, members| members.len() <= MAX_MEMBERS);
@@ -729,11 +740,13 @@ c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
             .collect();
         assert_eq!(serving(&many), Serving::Only(0));
         // the flags as Envoy writes them
-        let text = "c::a::health_flags::/degraded_active_hc\nc::b::health_flags::/excluded_via_immediate_hc_fail\n";
+        let text = "c::a::health_flags::/degraded_active_hc\nc::b::health_flags::/excluded_via_immediate_hc_fail\nc::d::health_flags::/failed_active_hc/pending_active_hc\nc::e::health_flags::/eds_status_draining\nc::f::health_flags::/failed_active_hc\n";
         let flagged = parse_admin_clusters(text.as_bytes(), |_| true);
         let (a, b) = (&flagged["c"][0], &flagged["c"][1]);
         assert!(a.healthy && a.degraded && !a.excluded);
         assert!(!b.healthy && !b.degraded && b.excluded);
+        let excluded: Vec<bool> = flagged["c"].iter().map(|m| m.excluded).collect();
+        assert_eq!(excluded, [false, true, true, true, false]);
         // one priority, or none listed: every member
         assert_eq!(serving(&c[..3]), Serving::All);
         assert_eq!(serving(&[]), Serving::All);
