@@ -188,7 +188,12 @@ impl<H: Host> Plugin<H> {
                 .map_err(|s| format!("cannot read the answer's body (status {})", s.0)),
             Ok(Some(status)) => Err(format!("it answered {}", String::from_utf8_lossy(&status))),
             Ok(None) => Err("no answer (timed out, or the connection failed)".to_string()),
-            Err(s) => Err(format!("cannot read the answer (status {})", s.0)),
+            // Envoy has no answer's headers to read when the call failed
+            // (a reset, a refused connection): BadArgument
+            Err(s) => Err(format!(
+                "no answer (the connection failed or was reset; status {})",
+                s.0
+            )),
         };
         let mut host = self.host.clone();
         let now_ms = now_ns / 1_000_000;
