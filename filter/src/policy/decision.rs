@@ -271,6 +271,8 @@ pub struct Settlement {
     pub shadow: bool,
     /// Its per-try timeout's deadline, if kept (see `timeouts`).
     pub deadline_ns: Option<u64>,
+    /// Its latency is a sample (`Plan::sample`).
+    pub sampled: bool,
 }
 
 /// A request header value to set.
@@ -391,6 +393,7 @@ impl Plan {
                 per_try_timeout_ms: a.per_try_timeout_ms,
                 shadow: a.shadow,
                 deadline_ns: self.deadline_ns,
+                sampled: self.sample,
             }),
             _ => None,
         }
@@ -749,6 +752,7 @@ mod tests {
                 per_try_timeout_ms: 8,
                 shadow: false,
                 deadline_ns: None,
+                sampled: true,
             })
         );
         assert_eq!(p.decision.describe(), "armed; delay_ms=8; hedges=1");

@@ -67,9 +67,12 @@ impl ArmedShare {
     }
 
     /// With no sample yet: 1 (every sample taken as cut, as before any
-    /// count).
+    /// count). Decayed below one sample the counts still say which share
+    /// was armed: taken as 1 there (as it was), a worker seeing a sampled
+    /// request every few seconds rebuilt whole samples as cut short, in
+    /// shadow mode too, where nothing is armed (found by a review).
     pub fn share(&self) -> f64 {
-        if self.sampled < 1.0 {
+        if self.sampled <= 0.0 {
             1.0
         } else {
             (self.armed / self.sampled).clamp(0.0, 1.0)
@@ -144,7 +147,9 @@ pub fn hedge_delay(
     let mut quantile_us = long.quantile(trigger)?;
     if recent.count() >= policy.min_samples {
         let fill = budget.reserve_fill.clamp(0.0, 1.0);
-        let guard = (trigger - fill * policy.budget_share()).max(0.5);
+        // never above the trigger (a `percentile` below 0.5 with a large
+        // budget: trigger 0.4, the guard was 0.5)
+        let guard = (trigger - fill * policy.budget_share()).max(0.5_f64.min(trigger));
         // refusals say the recent regime's quantile costs more than the
         // budget pays: they would fall on random requests, stragglers
         // included, so the guard hedges fewer, the latest first
@@ -711,6 +716,41 @@ mod tests {
             share.sampled(true);
         }
         assert!((share.share() - (12.5 + 100.0) / 150.0).abs() < 1e-9);
+        // decayed below one sample, the counts still tell: none armed
+        let mut quiet = ArmedShare::default();
+        quiet.sampled(false);
+        quiet.tick(0.1);
+        assert_eq!(quiet.share(), 0.0);
+    }
+
+    /// A `percentile` below 0.5 with a budget that affords it: the recent
+    /// guard is the trigger, not 0.5 above it.
+    #[test]
+    fn the_recent_guard_is_never_above_the_trigger() {
+        let policy = ClusterPolicy {
+            percentile: 0.3,
+            budget_percent: 100.0,
+            ..policy(10)
+        };
+        let trigger = trigger_quantile(&policy);
+        assert!((0.35..0.5).contains(&trigger), "{trigger}");
+        let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 100.0).collect();
+        let window = window_of(&values);
+        let delay = hedge_delay(
+            &policy,
+            &window,
+            &window,
+            None,
+            BudgetState::default(),
+            None,
+        )
+        .unwrap()
+        .delay_us as f64;
+        let at_trigger = trigger * 100_000.0;
+        assert!(
+            (delay / at_trigger - 1.0).abs() < 0.03,
+            "{delay} vs {at_trigger}"
+        );
     }
 
     #[test]

@@ -168,6 +168,11 @@ impl Routes {
                 .position(|s| s.name == local.name)
             {
                 Some(i) => Some(i),
+                // past the limit, but the value's: taking a forgotten slot
+                // for it made a second entry of one name, and the larger
+                // configuration lost what it had learned of the route to
+                // the first, empty one (found by a review)
+                None if shared.iter().skip(within).any(|s| s.name == local.name) => None,
                 None if shared.len() < max_routes => {
                     shared.push(SharedRoute::new(local.name.clone(), geometry));
                     Some(shared.len() - 1)
@@ -419,5 +424,12 @@ mod tests {
         let before = shared[1].window.snapshot(later).count();
         small.merge_into(&mut shared, later, 1, geometry());
         assert_eq!(shared[1].window.snapshot(later).count(), before);
+        // nor does it take a forgotten slot for it: one entry a name
+        let much_later = later + 10 * 3_600_000;
+        shared[1].window.merge(much_later, &sample); // the larger one's
+        small.add_sample(four, 1000.0);
+        small.merge_into(&mut shared, much_later, 1, geometry());
+        let names: Vec<&str> = shared.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["two", "four"]);
     }
 }

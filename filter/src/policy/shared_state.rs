@@ -528,12 +528,15 @@ impl<'a> Reader<'a> {
         geometry: WindowGeometry,
     ) -> Result<(ClusterWindow, LongHorizon), DecodeError> {
         let mut window = ClusterWindow::new(geometry);
-        for slot in window.slices.iter_mut() {
+        for (index, slot) in window.slices.iter_mut().enumerate() {
             let epoch = self.u64()?;
-            *slot = Slice {
-                epoch,
-                sketch: self.sketch()?,
-            };
+            let sketch = self.sketch()?;
+            // a slice lives in the slot of its epoch: two slots of one
+            // epoch would count its samples twice
+            if !sketch.is_empty() && epoch % SLICES as u64 != index as u64 {
+                return Err(DecodeError::Corrupt("a slice out of its slot"));
+            }
+            *slot = Slice { epoch, sketch };
         }
         Ok((window, self.horizon()?))
     }
@@ -866,6 +869,28 @@ mod tests {
             b[i] ^= 0xff;
             let _ = SharedCluster::decode(&b, c.window.geometry);
         }
+    }
+
+    /// A slice in a slot not its epoch's (two slots of one epoch would
+    /// count its samples twice) is refused.
+    #[test]
+    fn a_slice_out_of_its_slot_is_refused() {
+        let mut c = sample_cluster();
+        let live = c
+            .window
+            .slices
+            .iter()
+            .position(|s| !s.sketch.is_empty())
+            .expect("a live slice");
+        let epoch = c.window.slices[live].epoch;
+        c.window.slices[(live + 1) % SLICES] = Slice {
+            epoch,
+            sketch: c.window.slices[live].sketch.clone(),
+        };
+        assert_eq!(
+            SharedCluster::decode(&c.encode(), c.window.geometry),
+            Err(DecodeError::Corrupt("a slice out of its slot"))
+        );
     }
 
     #[test]

@@ -152,13 +152,15 @@ metric_set! {
         SharedStateResets = ("shared_state_resets_total", Counter),
         SyncConflicts = ("sync_conflicts_total", Counter),
         HostErrors = ("host_errors_total", Counter),
-        /// Routes whose `adaptive_hedge` metadata was refused (logged): not hedged.
+        /// Routes whose `adaptive_hedge` metadata was refused (logged), once
+        /// per worker; and requests whose route's metadata could not be
+        /// read: not hedged.
         RouteOverridesRefused = ("route_overrides_refused_total", Counter),
         /// The bytes of the cluster values in shared memory, as this worker
         /// last read or wrote them.
         SharedDataBytes = ("shared_data_bytes", Gauge),
         /// Reads of Envoy's admin interface (`admin_cluster`) this worker
-        /// made, and those that failed.
+        /// made that got an answer; and those that did not.
         AdminReads = ("admin_reads_total", Counter),
         AdminReadFailures = ("admin_read_failures_total", Counter),
     }
@@ -1325,7 +1327,10 @@ impl Worker {
                 .armed
                 .ended(deadline, attempts, ended, &mut state.hosts);
         }
-        if let (Some(latch), false) = (state.stale.as_mut(), settlement.shadow) {
+        // the sampled ones only, as its responses are (`StaleLatch::regime`)
+        if let (Some(latch), false, true) =
+            (state.stale.as_mut(), settlement.shadow, settlement.sampled)
+        {
             latch.armed = latch.armed.saturating_add(1);
         }
         let reserved = settlement.hedges;
@@ -2457,7 +2462,11 @@ impl StaleLatch {
         }
     }
 
-    /// The samples since, and how they were cut short.
+    /// The samples since, and how they were cut short: the sampled armed
+    /// requests among the sampled responses. Counting every armed request
+    /// over the sampled responses, above `SAMPLES_PER_TICK` a tick the share
+    /// read `stride` times too high (clamped at 1), and the regime's floor
+    /// overshot (found by a review).
     fn regime(&self) -> (&Sketch, Censoring) {
         let share = f64::from(self.armed) / f64::from(self.tally.responses.max(1));
         let censoring = Censoring {
