@@ -1663,25 +1663,9 @@ mod tests {
         }
         plugin.on_tick();
         plugin.on_tick();
-        let mut early = [0u64; 2];
-        for i in 0..40 {
-            host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
-            r.on_request_headers();
-            let endpoint = host
-                .request_header_text(ENDPOINT_HEADER)
-                .unwrap_or_default();
-            let named: Vec<&str> = endpoint.split(',').collect();
-            if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
-                r.on_log(); // explored, or not armed
-                continue;
-            }
-            // two attempts, the first byte 18 ms in (before the ~20 ms
-            // per-try timeout, within 5 ms of it)
-            let primary_answered = i % 2 == 0;
-            streamed(&mut r, 2, named[usize::from(!primary_answered)]);
-            early[usize::from(primary_answered)] += 1;
-        }
+        // two attempts, the first byte 18 ms in (before the ~20 ms per-try
+        // timeout, within 5 ms of it)
+        let early = answered_early_by_either(&host, &plugin, |r, address| streamed(r, 2, address));
         plugin.on_tick();
         assert!(early[0] >= 10 && early[1] >= 10, "{early:?}");
         assert_eq!(stat(&host, "early_hedges_total"), early[1]);
@@ -1744,6 +1728,47 @@ mod tests {
         );
     }
 
+    /// A request of `backend` the filter armed naming a primary and a
+    /// hedge's host, and their names; `None` (the request ended) if it was
+    /// explored or not armed.
+    fn armed_naming_two_hosts(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+    ) -> Option<(DownstreamRequest<FakeHost>, Vec<String>)> {
+        host.request(Some("backend"), GET);
+        let mut r = request(plugin);
+        r.on_request_headers();
+        let endpoint = host
+            .request_header_text(ENDPOINT_HEADER)
+            .unwrap_or_default();
+        let named: Vec<String> = endpoint.split(',').map(str::to_string).collect();
+        if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
+            r.on_log();
+            return None;
+        }
+        Some((r, named))
+    }
+
+    /// 40 requests; each one armed naming two hosts is answered by
+    /// `answer` (from the host it is given), in turn the primary's and the
+    /// hedge's. Returns how many each answered: [hedge's, primary's].
+    fn answered_early_by_either(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        answer: impl Fn(&mut DownstreamRequest<FakeHost>, &str),
+    ) -> [u64; 2] {
+        let mut early = [0u64; 2];
+        for i in 0..40 {
+            let Some((mut r, named)) = armed_naming_two_hosts(host, plugin) else {
+                continue;
+            };
+            let primary_answered = i % 2 == 0;
+            answer(&mut r, &named[usize::from(!primary_answered)]);
+            early[usize::from(primary_answered)] += 1;
+        }
+        early
+    }
+
     /// One request answered after `latency_ms` by the host the filter
     /// named, as Envoy's override_host does, else by `address` (the
     /// balancer's pick); returns the host header the filter wrote.
@@ -1784,31 +1809,16 @@ mod tests {
         }
         plugin.on_tick();
         plugin.on_tick();
-        let mut early = [0u64; 2];
-        for i in 0..40 {
-            host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
-            r.on_request_headers();
-            let endpoint = host
-                .request_header_text(ENDPOINT_HEADER)
-                .unwrap_or_default();
-            let named: Vec<&str> = endpoint.split(',').collect();
-            if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
-                r.on_log(); // explored, or not armed
-                continue;
-            }
-            // before the ~20 ms per-try timeout (within 5 ms of it, where
-            // an answer from an unknown host would count), two attempts
-            let primary_answered = i % 2 == 0;
+        // before the ~20 ms per-try timeout (within 5 ms of it, where an
+        // answer from an unknown host would count), two attempts
+        let early = answered_early_by_either(&host, &plugin, |r, address| {
             host.advance_ms(18);
             host.respond(RELAYED);
             host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
-            let answered = named[usize::from(!primary_answered)];
-            host.set_property(UPSTREAM_ADDRESS, answered.as_bytes());
+            host.set_property(UPSTREAM_ADDRESS, address.as_bytes());
             r.on_response_headers(false);
             r.on_log();
-            early[usize::from(primary_answered)] += 1;
-        }
+        });
         plugin.on_tick();
         assert!(early[0] >= 10 && early[1] >= 10, "{early:?}");
         assert_eq!(stat(&host, "early_hedges_total"), early[1]);
@@ -1829,20 +1839,10 @@ mod tests {
         }
         plugin.on_tick();
         plugin.on_tick();
-        let (mut r, primary) = (0..20)
-            .find_map(|_| {
-                host.request(Some("backend"), GET);
-                let mut r = request(&plugin);
-                r.on_request_headers();
-                let endpoint = host.request_header_text(ENDPOINT_HEADER)?;
-                let named: Vec<String> = endpoint.split(',').map(str::to_string).collect();
-                if named.len() < 2 || host.request_header_text(PER_TRY_TIMEOUT).is_none() {
-                    r.on_log();
-                    return None;
-                }
-                Some((r, named[0].clone()))
-            })
+        let (mut r, named) = (0..20)
+            .find_map(|_| armed_naming_two_hosts(&host, &plugin))
             .expect("an armed request naming two hosts");
+        let primary = named[0].clone();
         // the shared value without the primary, as another worker left it
         let geometry = WindowGeometry::new(std::time::Duration::from_secs(30));
         let key = cluster_key(geometry, "backend");
