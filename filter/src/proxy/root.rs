@@ -101,6 +101,11 @@ impl<H: Host> Plugin<H> {
             ),
         );
         self.role = config.role;
+        if let (Role::Upstream, Ok(now_ns), Ok(mut holds)) =
+            (config.role, self.host.now_ns(), self.holds.try_borrow_mut())
+        {
+            holds.started(now_ns / 1_000_000);
+        }
         self.placement = Rc::new(Placement::new(config.role));
         self.worker =
             (config.role == Role::Downstream).then(|| Rc::new(RefCell::new(Worker::new(config))));
