@@ -248,6 +248,17 @@ impl Strip {
         }
     }
 
+    /// What a trusted client's request loses: the first-byte marker alone.
+    /// Its retry and hedge headers are its own, but the marker is the
+    /// filter's, between its two roles: kept, the upstream role held an
+    /// unarmed request's headers until its first byte (found by a review).
+    pub fn trusted(request: &Request) -> Strip {
+        Strip {
+            marker: request.client_marker,
+            ..Strip::default()
+        }
+    }
+
     /// Everything arming may have set: what is left to do when arming
     /// failed half-way (a chosen host stays: it duplicates nothing).
     pub const ARMING: Strip = Strip {
@@ -414,7 +425,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         // a sample of the cluster.
         return Plan {
             decision: Decision::Skip(Skip::ClientControlled),
-            strip: Strip::default(),
+            strip: Strip::trusted(request),
             cluster: id,
             route,
             cohort: 0,
@@ -575,7 +586,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
             Skip::NoWorker
         }),
         strip: if trusted {
-            Strip::default()
+            Strip::trusted(request)
         } else {
             Strip::client_sent(request)
         },
@@ -959,7 +970,12 @@ mod tests {
         };
         let p = plan_for(&own, &config, &policy, DELAY, &funded(&policy));
         assert_eq!(p.decision, Decision::Skip(Skip::ClientControlled));
-        assert_eq!(p.strip, Strip::default());
+        // but for the first-byte marker: the filter's own
+        let marker_only = Strip {
+            marker: true,
+            ..Strip::default()
+        };
+        assert_eq!(p.strip, marker_only);
         assert!(!p.sample);
         assert_eq!(p.cluster, Some(3), "still counted for its cluster");
         // a trusted client that sent nothing is armed as usual

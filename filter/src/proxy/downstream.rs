@@ -1469,12 +1469,23 @@ mod tests {
         assert_eq!(host.calls_to("now_ns"), 1);
     }
 
+    /// A trusted client keeps its retry and hedge headers, not the
+    /// first-byte marker: the filter's own, which would have the upstream
+    /// role hold an unarmed request.
     #[test]
-    fn a_trusted_client_keeps_its_headers() {
+    fn a_trusted_client_keeps_its_headers_but_not_the_marker() {
         let (host, plugin) = warmed(r#"{"trust_client_headers": true}"#);
-        host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
+        host.request(
+            Some("backend"),
+            &[
+                (":method", "GET"),
+                (MAX_RETRIES, "5"),
+                (FIRST_BYTE_MARKER, "1"),
+            ],
+        );
         request(&plugin).on_request_headers();
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("5"));
+        assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
         assert_eq!(host.calls_to("set_request_header"), 0);
     }
 
