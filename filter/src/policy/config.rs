@@ -604,7 +604,7 @@ impl ClusterPolicy {
     /// A latency as the cluster's sketches learn it: at most `max_delay`
     /// (as armed, in whole ms). No delay learned can be higher, so above
     /// it a sample's rank is all that counts. One huge sample collapsed
-    /// the lowest buckets of a sketch, which spans 22,000-fold below its
+    /// the lowest buckets of a sketch, which spans 21,600-fold below its
     /// largest (`sketch`): a wall clock stepped an hour forward while
     /// requests were in flight made every sample below 168 ms read 168 ms
     /// in the long horizon for an hour or two (found by a review).

@@ -274,22 +274,25 @@ impl ClusterState {
             }
             (None, _) => None,
         };
-        let Some(winner) = winner else {
-            return;
-        };
-        self.hosts.answered(winner);
         let hedged = response.attempts.is_some_and(|a| a >= 2);
         let per_try_us = response
             .per_try_timeout_ms
             .map(|ms| ms.saturating_mul(1000));
         // the sample `on_response` took of this response: was it a primary
-        // cut short by its hedge? (the backend's own latency)
+        // cut short by its hedge? (the backend's own latency) A winner not
+        // known (no slot for its address) may be the hedge's: taken for
+        // the primary's, the estimate erred low, which it must not (found
+        // by a review)
         if let (false, Some(latency_us)) = (response.failed, response.latency_us) {
-            let primary_answered = pick.map(|p| p.primary == winner);
+            let primary_answered = winner.zip(pick).map(|(w, p)| p.primary == w);
             if primary_cut_short(latency_us, response.attempts, per_try_us, primary_answered) {
                 self.cut_short.add(self.policy.sample_us(latency_us));
             }
         }
+        let Some(winner) = winner else {
+            return;
+        };
+        self.hosts.answered(winner);
         // Any answer of the host clears the timeouts the filter left
         // standing there: a success resets outlier detection's count, and a
         // host answering 5xx is counted (and ejected) for its own errors,
@@ -4793,6 +4796,24 @@ c::h2::weight::1
         w.flush_metrics(&mut stats);
         assert!(won > 5, "{won}");
         assert_eq!(stats.get("adaptive_hedge.hedges_won_total.c"), Some(won));
+    }
+
+    /// A hedged answer from a host with no slot (an address too long to
+    /// keep): not known to be the primary's, so its primary counts as cut
+    /// short (the backend's estimate errs high, never low).
+    #[test]
+    fn an_unknown_winner_s_primary_counts_as_cut_short() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        let pick = HostPick {
+            primary: 0,
+            hedge: Some(1),
+        };
+        let long = "x".repeat(300);
+        answer(&mut w, 0, Some(pick), &long, 2, 30_000, Some(10));
+        assert_eq!(w.clusters[0].cut_short.count(), 1);
     }
 
     /// Above `SAMPLES_PER_TICK` requests a tick one in `stride` is timed:
