@@ -3021,6 +3021,31 @@ mod tests {
         );
     }
 
+    /// A latch's share of armed requests counts the sampled ones only:
+    /// its responses are the sampled ones (`StaleLatch::regime`).
+    #[test]
+    fn a_latch_counts_only_the_sampled_armed_requests() {
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        traffic(&mut w, "c", 20, 3000);
+        w.clusters[0].stale = Some(StaleLatch::new(HedgeDelay {
+            delay_us: 10_000,
+            per_try_timeout_ms: 10,
+        }));
+        for sampled in [true, false, false, false] {
+            let settlement = Settlement {
+                cluster: 0,
+                hedges: 1,
+                cohort: 0,
+                per_try_timeout_ms: 10,
+                shadow: false,
+                deadline_ns: None,
+                sampled,
+            };
+            w.settle(settlement, Some(1), None, None, None);
+        }
+        assert_eq!(w.clusters[0].stale.as_ref().map(|l| l.armed), Some(1));
+    }
+
     /// What a latch learned floors the delay until the recent slices turn
     /// over, or until responses show the latency back under the stale
     /// delay; a latch that learned too little, or saw a stall pass, leaves
