@@ -4239,10 +4239,7 @@ mod tests {
     /// and only the responses read count toward the override check.
     #[test]
     fn a_single_attempt_s_host_is_read_only_now_and_then() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, _, _) = with_three_known_hosts();
         let pick = HostPick {
             primary: 1,
             hedge: None,
@@ -4591,6 +4588,16 @@ c::h2::weight::1
         won
     }
 
+    /// A worker (`min_samples` 10) that knows hosts h0..h2
+    /// (`three_known_hosts`), its store and its log.
+    fn with_three_known_hosts() -> (Worker, MemoryStore, Lines) {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        three_known_hosts(&mut w, &store, &mut log);
+        (w, store, log)
+    }
+
     /// Hosts h0..h2 learned and shared (one tick), all equally fast.
     fn three_known_hosts(w: &mut Worker, store: &MemoryStore, log: &mut Lines) {
         let mut rr = 0;
@@ -4604,10 +4611,7 @@ c::h2::weight::1
 
     #[test]
     fn a_host_gone_from_the_cluster_stops_being_named_and_the_cluster_is_not_blamed() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, store, mut log) = with_three_known_hosts();
         // h1 left the cluster: Envoy skips it and answers from h0
         let mut named_h1 = 0;
         for _ in 0..300 {
@@ -4772,10 +4776,7 @@ c::h2::weight::1
     /// never sees, or a hedge) counts as failing; winning races do not.
     #[test]
     fn a_race_lost_counts_as_the_primary_failing() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, store, mut log) = with_three_known_hosts();
         let h2 = w.clusters[0].hosts.find_or_add(b"h2").unwrap();
         let pick = HostPick {
             primary: h2,
@@ -4828,10 +4829,7 @@ c::h2::weight::1
     /// short (the backend's estimate errs high, never low).
     #[test]
     fn an_unknown_winner_s_primary_counts_as_cut_short() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, _, _) = with_three_known_hosts();
         let pick = HostPick {
             primary: 0,
             hedge: Some(1),
@@ -4845,10 +4843,7 @@ c::h2::weight::1
     /// each timed win counts for the requests it stands for.
     #[test]
     fn a_timed_win_counts_for_the_requests_it_stands_for() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, store, mut log) = with_three_known_hosts();
         for _ in 0..4 * SAMPLES_PER_TICK {
             let plan = w.plan(Some(b"c"), None, &GET);
             if let (Some(id), Some(pick)) = (plan.cluster, plan.hosts) {
@@ -4878,10 +4873,7 @@ c::h2::weight::1
     /// the backend's p99, exported beside it, is the primaries' 50 ms.
     #[test]
     fn the_backend_s_tail_behind_the_hedges_is_exported() {
-        let store = MemoryStore::default();
-        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
-        let mut log = Lines::default();
-        three_known_hosts(&mut w, &store, &mut log);
+        let (mut w, store, mut log) = with_three_known_hosts();
         answer_races(&mut w, 1000, true, |i, pick| match i % 200 {
             0 => (pick.primary, 2, 50_000),
             1..=19 => ((pick.primary + 1) % 3, 2, 12_000),
