@@ -145,15 +145,15 @@ pub fn hedge_delay(
     }
     let trigger = trigger_quantile(policy);
     let mut quantile_us = long.quantile(trigger)?;
+    let fill = budget.reserve_fill.clamp(0.0, 1.0);
+    // never above the trigger (a `percentile` below 0.5 with a large
+    // budget: trigger 0.4, the guard was 0.5)
+    let guard = (trigger - fill * policy.budget_share()).max(0.5_f64.min(trigger));
+    // refusals say the recent regime's quantile costs more than the
+    // budget pays: they would fall on random requests, stragglers
+    // included, so the guard hedges fewer, the latest first
+    let guard = guard + (1.0 - guard) * budget.refusal_pressure.clamp(0.0, 0.99);
     if recent.count() >= policy.min_samples {
-        let fill = budget.reserve_fill.clamp(0.0, 1.0);
-        // never above the trigger (a `percentile` below 0.5 with a large
-        // budget: trigger 0.4, the guard was 0.5)
-        let guard = (trigger - fill * policy.budget_share()).max(0.5_f64.min(trigger));
-        // refusals say the recent regime's quantile costs more than the
-        // budget pays: they would fall on random requests, stragglers
-        // included, so the guard hedges fewer, the latest first
-        let guard = guard + (1.0 - guard) * budget.refusal_pressure.clamp(0.0, 0.99);
         let recent_us = match censoring {
             Some(c) => uncensored_quantile(recent, guard, c),
             None => recent.quantile(guard),
@@ -161,12 +161,17 @@ pub fn hedge_delay(
         if let Some(recent_us) = recent_us {
             quantile_us = quantile_us.max(recent_us);
         }
-        if let Some(regime_us) = regime
-            .filter(|(r, _)| r.count() >= REGIME_SAMPLES)
-            .and_then(|(r, c)| uncensored_quantile(r, guard, c))
-        {
-            quantile_us = quantile_us.max(regime_us);
-        }
+    }
+    // A new regime's floor needs its own `REGIME_SAMPLES` only: under the
+    // recent slices' `min_samples` as well (until 2026-11-29), a cluster
+    // whose recent slices held fewer (a `min_samples` of 1,000 at 20
+    // requests a second) never had it, and hedged at the stale delay until
+    // the latch's ten seconds ran out (found by a review).
+    if let Some(regime_us) = regime
+        .filter(|(r, _)| r.count() >= REGIME_SAMPLES)
+        .and_then(|(r, c)| uncensored_quantile(r, guard, c))
+    {
+        quantile_us = quantile_us.max(regime_us);
     }
     let min_us = policy.min_delay.as_micros() as f64;
     let max_us = policy.max_delay.as_micros() as f64;
@@ -543,6 +548,25 @@ mod tests {
         let fast: Vec<f64> = slow.iter().map(|v| v / 10.0).collect();
         let floor = delay(&fast);
         assert!((floor / 9_200.0 - 1.0).abs() < 0.03, "{floor}");
+        // nor does it wait for the recent slices' `min_samples` (a low
+        // rate: the recent slices hold 30 samples, min_samples is 50)
+        let sparse = hedge_delay(
+            &policy,
+            &window_of(&old),
+            &window_of(&old[..30]),
+            None,
+            BudgetState::default(),
+            Some((
+                &window_of(&slow),
+                Censoring {
+                    at_us: 10_000.0,
+                    armed_share: 0.0,
+                },
+            )),
+        )
+        .unwrap()
+        .delay_us as f64;
+        assert!((sparse / 27_750.0 - 1.0).abs() < 0.03, "{sparse}");
     }
 
     /// With the reserve full, the recent guard lets the delay stay at the

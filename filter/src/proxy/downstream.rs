@@ -457,6 +457,8 @@ impl<H: Host> DownstreamRequest<H> {
         answer
     }
 
+    /// `read_answer`'s reading: the address, where the worker needs it,
+    /// and whether the named primary gave the answer.
     fn answer_of(
         &self,
         worker: &mut Worker,
