@@ -522,11 +522,12 @@ mod tests {
         let policy = policy(50);
         let old: Vec<f64> = (1..=1000).map(|i| i as f64 * 10.0).collect(); // p92 9.2 ms
         let slow: Vec<f64> = (1..=REGIME_SAMPLES).map(|i| i as f64 * 750.0).collect(); // p92 27.6 ms
-        let delay = |regime: &[f64]| {
+                                                                                       // the delay with `recent` in the recent slices, `regime` latched
+        let delay_with = |recent: &[f64], regime: &[f64]| {
             hedge_delay(
                 &policy,
                 &window_of(&old),
-                &window_of(&old),
+                &window_of(recent),
                 None,
                 BudgetState::default(),
                 Some((
@@ -540,6 +541,7 @@ mod tests {
             .unwrap()
             .delay_us as f64
         };
+        let delay = |regime: &[f64]| delay_with(&old, regime);
         let few = delay(&slow[1..]);
         assert!((few / 9_200.0 - 1.0).abs() < 0.03, "{few}");
         let enough = delay(&slow);
@@ -550,22 +552,7 @@ mod tests {
         assert!((floor / 9_200.0 - 1.0).abs() < 0.03, "{floor}");
         // nor does it wait for the recent slices' `min_samples` (a low
         // rate: the recent slices hold 30 samples, min_samples is 50)
-        let sparse = hedge_delay(
-            &policy,
-            &window_of(&old),
-            &window_of(&old[..30]),
-            None,
-            BudgetState::default(),
-            Some((
-                &window_of(&slow),
-                Censoring {
-                    at_us: 10_000.0,
-                    armed_share: 0.0,
-                },
-            )),
-        )
-        .unwrap()
-        .delay_us as f64;
+        let sparse = delay_with(&old[..30], &slow);
         assert!((sparse / 27_750.0 - 1.0).abs() < 0.03, "{sparse}");
     }
 
