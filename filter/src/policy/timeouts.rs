@@ -255,7 +255,17 @@ impl ArmedRequests {
         self.run_armed_ns = None;
     }
 
-    pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) {
+    ///
+    /// Returns the deadline it is kept under, the key `ended` finds it by:
+    /// the one asked for, or a nanosecond or two later if another request
+    /// is kept under that one (two requests armed in the same nanosecond
+    /// with the same delay), so that each request's end finds its own
+    /// hosts, not the other's.
+    pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) -> u64 {
+        let mut deadline_ns = deadline_ns;
+        while self.armed.iter().any(|a| a.deadline_ns == deadline_ns) {
+            deadline_ns = deadline_ns.saturating_add(1);
+        }
         let armed = Armed {
             deadline_ns,
             per_try_ns,
@@ -265,6 +275,7 @@ impl ArmedRequests {
         };
         self.count_arming(armed.armed_ns());
         self.armed.push(armed);
+        deadline_ns
     }
 
     /// The arming rate: requests armed per ns over the last whole second
@@ -485,6 +496,24 @@ mod tests {
             "its primary was counted before"
         );
         armed.ended(10 * MS, Some(2), Ended::Untimed, &mut hosts);
+        assert!(armed.armed.is_empty());
+    }
+
+    /// Two requests armed in the same nanosecond with the same delay: each
+    /// one's end counts its own hosts (found by deadline alone, the second
+    /// one's end took the first one's entry and blamed its host).
+    #[test]
+    fn two_requests_with_one_deadline_end_each_on_its_own_hosts() {
+        let mut hosts = three_hosts();
+        let mut armed = ArmedRequests::default();
+        let first = armed.armed(10 * MS, 10 * MS, pick(0, 1));
+        let second = armed.armed(10 * MS, 10 * MS, pick(2, 1));
+        assert_ne!(first, second);
+        armed.ended(second, Some(2), Ended::Untimed, &mut hosts);
+        assert_eq!(hosts.timeouts_unanswered(2), 1, "its primary fired");
+        assert_eq!(hosts.timeouts_unanswered(0), 0);
+        assert_eq!(armed.pending_on(0), 1, "the first is still armed");
+        armed.ended(first, Some(1), Ended::After(4_000), &mut hosts);
         assert!(armed.armed.is_empty());
     }
 

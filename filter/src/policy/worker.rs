@@ -503,7 +503,7 @@ impl ClusterState {
 
     /// Books a plan made for this cluster: the request earns its share of
     /// budget before the decision, the armed hedges are reserved after it.
-    fn book(&mut self, plan: &Plan, request: &Request, tick_us: u64, now_ns: Option<u64>) {
+    fn book(&mut self, plan: &mut Plan, request: &Request, tick_us: u64, now_ns: Option<u64>) {
         if in_sample_population(request, &self.policy) {
             self.population_this_tick = self.population_this_tick.saturating_add(1);
         }
@@ -541,7 +541,7 @@ impl ClusterState {
         }
         if let (Some(deadline), Decision::Arm(a)) = (plan.deadline_ns, &plan.decision) {
             let per_try_ns = a.per_try_timeout_ms.saturating_mul(1_000_000);
-            self.armed.armed(deadline, per_try_ns, plan.hosts);
+            plan.deadline_ns = Some(self.armed.armed(deadline, per_try_ns, plan.hosts));
         }
         if let Some(pick) = plan.hosts {
             self.hosts.track(pick, true);
@@ -928,12 +928,12 @@ impl Worker {
             }
         }
         self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let plan = decision::plan(
+        let mut plan = decision::plan(
             request,
             &self.config,
             Cluster::Tracked(state.view(id, route, mix(self.random), now_ns, past_delay)),
         );
-        state.book(&plan, request, self.tick_us, now_ns);
+        state.book(&mut plan, request, self.tick_us, now_ns);
         plan
     }
 
