@@ -132,6 +132,26 @@ pub const REGIME_SAMPLES: u64 = 40;
 /// the recent slices still hold seconds of the old regime after a shift
 /// up; their quantile climbs a few ms a tick, and every delay on the way
 /// is stale.
+/// The long horizon's count a delay needs: `min_samples` to begin with,
+/// and half of it to go on with (`hedging`: there was a delay at the last
+/// tick).
+///
+/// Why two marks: the long horizon halves its weights every ten minutes,
+/// so a cluster answering between `min_samples` and twice that in ten
+/// minutes (0.17 to 0.33 requests a second at the default 100) fell under
+/// a single mark at every halving and went unarmed until it filled again:
+/// on for a few minutes, off for a few, over and over. With the lower
+/// mark to go on, a cluster once armed stays armed down to half that
+/// rate, where its count never leaves the band; one that never reached
+/// `min_samples` still waits for it.
+pub fn samples_needed(policy: &ClusterPolicy, hedging: bool) -> u64 {
+    if hedging {
+        policy.min_samples.div_ceil(2)
+    } else {
+        policy.min_samples
+    }
+}
+
 pub fn hedge_delay(
     policy: &ClusterPolicy,
     long: &Sketch,
@@ -139,8 +159,9 @@ pub fn hedge_delay(
     censoring: Option<Censoring>,
     budget: BudgetState,
     regime: Option<(&Sketch, Censoring)>,
+    hedging: bool,
 ) -> Option<HedgeDelay> {
-    if long.count() < policy.min_samples {
+    if long.count() < samples_needed(policy, hedging) {
         return None;
     }
     let trigger = trigger_quantile(policy);
@@ -425,6 +446,7 @@ mod tests {
             None,
             BudgetState::default(),
             None,
+            false,
         )
     }
 
@@ -477,6 +499,7 @@ mod tests {
             None,
             BudgetState::default(),
             None,
+            false,
         )
         .unwrap()
         .delay_us as f64;
@@ -493,6 +516,7 @@ mod tests {
             None,
             BudgetState::default(),
             None,
+            false,
         )
         .unwrap()
         .delay_us as f64;
@@ -508,6 +532,7 @@ mod tests {
             None,
             BudgetState::default(),
             None,
+            false,
         )
         .unwrap()
         .delay_us as f64;
@@ -537,6 +562,7 @@ mod tests {
                         armed_share: 0.0,
                     },
                 )),
+                false,
             )
             .unwrap()
             .delay_us as f64
@@ -587,6 +613,7 @@ mod tests {
                     refusal_pressure: 0.0,
                 },
                 None,
+                false,
             )
             .unwrap()
             .delay_us as f64
@@ -754,6 +781,7 @@ mod tests {
             None,
             BudgetState::default(),
             None,
+            false,
         )
         .unwrap()
         .delay_us as f64;
@@ -770,6 +798,14 @@ mod tests {
         let none = long_horizon_delay(&policy, &window_of(&[1000.0; 99]));
         assert_eq!(none, None);
         assert!(long_horizon_delay(&policy, &window_of(&[1000.0; 100])).is_some());
+        // once hedging, half of it keeps the delay
+        let go_on = |n: usize| {
+            let long = window_of(&vec![1000.0; n]);
+            let none = BudgetState::default();
+            hedge_delay(&policy, &long, &Sketch::new(), None, none, None, true)
+        };
+        assert!(go_on(50).is_some());
+        assert_eq!(go_on(49), None);
     }
 
     #[test]

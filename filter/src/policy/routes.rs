@@ -246,7 +246,16 @@ impl Routes {
                         recent_slices,
                         policy.min_samples,
                     );
-                    hedge_delay(policy, &s.long.sketch, &recent, censoring, budget, None)
+                    let hedging = local.delay.is_some();
+                    hedge_delay(
+                        policy,
+                        &s.long.sketch,
+                        &recent,
+                        censoring,
+                        budget,
+                        None,
+                        hedging,
+                    )
                 })
                 .map(&adjust);
         }

@@ -2050,6 +2050,7 @@ impl Worker {
             censoring,
             state.budget_state(),
             regime,
+            state.hedge_delay.is_some(),
         )
         .map(|d| state.timer.apply(d, &state.policy));
         let max_ms = state.policy.max_delay_ms();
@@ -2757,6 +2758,37 @@ mod tests {
     fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
         w.plan(Some(cluster), None, &Request { method, ..GET })
             .decision
+    }
+
+    /// A cluster answering 0.2 requests a second (about 120 in each ten
+    /// minutes the long horizon halves its weights in): once armed it
+    /// stays armed. With one mark (`min_samples`, 100), each halving took
+    /// its count under it and it went unarmed for minutes, over and over.
+    #[test]
+    fn a_quiet_cluster_once_armed_stays_armed_across_the_halvings() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(
+            r#"{"min_samples": 100, "window": "60s", "sync_interval": "10s"}"#,
+        ));
+        let mut log = Lines::default();
+        let mut now_ms = T0;
+        let mut armed_from = None;
+        let mut unarmed_after = 0;
+        // two requests a sync interval of 10 s, for 60 minutes
+        for tick in 0..360 {
+            w.sync(now_ms, &store, &mut log);
+            let hedging = w.cluster(0).is_some_and(|c| c.hedge_delay().is_some());
+            match (hedging, armed_from) {
+                (true, None) => armed_from = Some(tick),
+                (false, Some(_)) => unarmed_after += 1,
+                _ => {}
+            }
+            traffic(&mut w, "c", 2, 5_000 + tick % 7 * 1_000);
+            now_ms += 10_000;
+        }
+        let armed_from = armed_from.expect("never armed");
+        assert!(armed_from < 120, "armed only at tick {armed_from}");
+        assert_eq!(unarmed_after, 0, "ticks unarmed after it was armed");
     }
 
     #[test]
