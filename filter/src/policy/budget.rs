@@ -3,10 +3,10 @@
 //! to configure: at 10 req/s or 10,000 req/s the budget is the same share.
 //!
 //! Per request (worker-local, no shared memory):
-//! - every request to the cluster earns `share` tokens (0.1 for a 10% budget),
-//!   while the worker holds less than `burst` free tokens, and gives them
-//!   back if Envoy answers it before any host received it (`unearn`, from
-//!   the sampled replies);
+//! - every request to the cluster earns `share` tokens (0.1 for a 10% budget;
+//!   above the worker's cap, for the shared pool at the next rebalance),
+//!   and gives them back if Envoy answers it before any host received it
+//!   (`unearn`, from the sampled replies);
 //! - arming sets aside the hedge's expected cost (`set_aside`: 0.06 of a
 //!   token when the delay is the p94), not a whole token: most armed requests
 //!   finish before their delay;
@@ -107,6 +107,9 @@ pub struct LocalBudget {
     terms: BudgetTerms,
     /// Free micro-tokens; negative while hedges sent are being repaid.
     free: i64,
+    /// Earned above the cap since the last rebalance: the pool's (see
+    /// `earn`).
+    surplus: u64,
     /// Armed hedges not yet charged in full, by the tick their delay has
     /// passed at (soonest first), and their sum (read on every request).
     cohorts: VecDeque<Cohort>,
@@ -133,6 +136,7 @@ impl LocalBudget {
         LocalBudget {
             terms,
             free: 0,
+            surplus: 0,
             cohorts: VecDeque::new(),
             uncharged: 0,
             exposure_cap: signed(terms.burst),
@@ -177,13 +181,19 @@ impl LocalBudget {
         signed(self.uncharged).saturating_mul(TOKEN - self.set_aside())
     }
 
-    /// A request arrived for the cluster.
+    /// A request arrived for the cluster. What it earns above the
+    /// worker's cap is the pool's, deposited at the next rebalance: until
+    /// 2026-11-29 it was dropped, so the pool filled only when a worker's
+    /// cap shrank, and a worker whose traffic was slow (one HTTP/2
+    /// connection's calls) could not draw on what busier workers earned.
     pub fn earn(&mut self) {
-        if self.free < self.saved_cap {
-            self.free = self
-                .free
-                .saturating_add(signed(self.terms.share))
-                .min(self.saved_cap);
+        let cap = self.saved_cap.max(self.free);
+        let earned = self.free.saturating_add(signed(self.terms.share));
+        if earned > cap {
+            self.surplus = self.surplus.saturating_add(earned.abs_diff(cap));
+            self.free = cap;
+        } else {
+            self.free = earned;
         }
     }
 
@@ -363,6 +373,7 @@ impl LocalBudget {
     /// (Envoy ends a plugin after its last stream), so no armed hedge
     /// should still be uncharged; any that is, is charged as sent.
     pub fn hand_over(&mut self, pool: &mut u64) {
+        *pool = pool.saturating_add(std::mem::take(&mut self.surplus));
         self.free = self.free.saturating_sub(self.exposure());
         self.cohorts.clear();
         self.uncharged = 0;
@@ -394,6 +405,7 @@ impl LocalBudget {
             Some(cluster) => own.max(cluster),
             None => own.max(*pool),
         };
+        *pool = pool.saturating_add(std::mem::take(&mut self.surplus));
         if self.free > cap {
             *pool = pool.saturating_add(self.free.abs_diff(cap));
             self.free = cap;
@@ -605,9 +617,15 @@ mod tests {
         }
         assert_eq!(b.free_tokens(), 500.0, "ten seconds' earnings");
         assert_eq!(b.reserve_fill(), 1.0);
+        // what was earned above the cap is the pool's
         let mut pool = 0;
         b.rebalance(&mut pool, 0, 0);
-        assert_eq!((b.free_tokens(), pool), (500.0, 0), "nothing above the cap");
+        assert_eq!(b.free_tokens(), 500.0);
+        assert_eq!(
+            pool,
+            500 * MICROS_PER_TOKEN,
+            "up to the worker's cap while the cluster's rate is unknown"
+        );
     }
 
     /// `budget_reserve: 1500ms` is a second and a half of earnings, not one
@@ -902,6 +920,46 @@ mod tests {
         fresh.rebalance(&mut pool, 5_000, 0);
         fresh.rebalance(&mut pool, 10, 200);
         assert_eq!(pool, 800 * U);
+    }
+
+    /// One worker gets 900 requests a second, all fast; the other 100, the
+    /// slow ones, every one of which wants a hedge (one HTTP/2
+    /// connection's calls). What the busy worker earns above its cap goes
+    /// to the pool and pays for the other's hedges: the cluster's 10% is
+    /// spent. Until 2026-11-29 it was dropped; the slow worker paid from
+    /// its own 10% alone (10 hedges a second, not 100).
+    #[test]
+    fn earnings_above_a_worker_s_cap_pay_for_another_worker_s_hedges() {
+        // the default reserve, ten seconds of earnings
+        let terms = BudgetTerms {
+            reserve_ms: 10_000,
+            ..TERMS
+        };
+        let (mut busy, mut slow) = (LocalBudget::new(terms), LocalBudget::new(terms));
+        let mut pool = 0;
+        let mut requests = 0;
+        let mut hedges = 0;
+        for tick in 1..=300u64 {
+            for _ in 0..180 {
+                busy.earn();
+            }
+            for _ in 0..20 {
+                slow.earn();
+                let n = slow.affordable(1);
+                slow.reserve(n, 0);
+                slow.settle(slow.cohort(), 0, n, n);
+                hedges += u64::from(n);
+            }
+            requests += 200;
+            busy.tick(tick, 180, TICKS_PER_SECOND, 0);
+            slow.tick(tick, 20, TICKS_PER_SECOND, 0);
+            busy.rebalance(&mut pool, requests, tick * 200);
+            slow.rebalance(&mut pool, requests, tick * 200);
+        }
+        // 60 s at 1,000 requests a second, 10%: 6,000, less what the busy
+        // worker keeps (its ten seconds, 900) and the last tick's deposit
+        assert!(hedges >= 4_900, "{hedges} hedges");
+        assert!(hedges <= 6_000, "{hedges} hedges");
     }
 
     /// A simulated 60 s outage at 1000 req/s over two workers, every request
