@@ -974,6 +974,15 @@ impl Config {
                 "{prefix}mode: \"hedge\" ignored; the plugin's configuration puts the cluster in shadow mode (a route may not arm it)"
             ));
         }
+        // The same for host choice: it is off where a hash's affinity or a
+        // locality's order matters (deployment.md), and a route naming
+        // hosts there would undo it.
+        if !base.host_choice && policy.host_choice {
+            policy.host_choice = false;
+            warnings.push(format!(
+                "{prefix}host_choice: true ignored; the plugin's configuration turns host choice off for the cluster (a route may turn it off, not on)"
+            ));
+        }
         if raw.max_routes.is_some_and(|n| n > 0) {
             warnings.push(format!(
                 "{prefix}max_routes: ignored; a route with its own overrides learns its own delay already"
@@ -1412,6 +1421,11 @@ mod tests {
                 serde_json::json!({"mode": "hedge"}),
                 "mode",
             ),
+            (
+                r#"{"clusters": {"backend": {"disabled": true, "host_choice": false}}}"#,
+                serde_json::json!({"host_choice": true}),
+                "host_choice",
+            ),
         ] {
             let config = Config::parse(plugin.as_bytes()).unwrap();
             let base = config.policy_for("backend");
@@ -1421,6 +1435,7 @@ mod tests {
                 .unwrap();
             assert_eq!(policy.disabled, base.disabled, "{plugin}");
             assert_eq!(policy.mode, base.mode, "{plugin}");
+            assert_eq!(policy.host_choice, base.host_choice, "{plugin}");
             assert!(
                 warnings
                     .iter()
@@ -1431,11 +1446,11 @@ mod tests {
         // and off, or to shadow, for its route alone
         let config = Config::parse(b"{}").unwrap();
         let base = config.policy_for("backend");
-        let route = serde_json::json!({"disabled": true, "mode": "shadow"});
+        let route = serde_json::json!({"disabled": true, "mode": "shadow", "host_choice": false});
         let policy = config
             .route_policy(&base, route, prefix, &mut Vec::new())
             .unwrap();
-        assert!(policy.disabled && policy.mode == Mode::Shadow);
+        assert!(policy.disabled && policy.mode == Mode::Shadow && !policy.host_choice);
     }
 
     #[test]
