@@ -5,21 +5,30 @@
 //! Why: every property read is a host call, several thousand instructions
 //! of Envoy's CPU, and the overrides change only with the route
 //! configuration (xDS), while the route's name is read anyway. An entry is
-//! trusted for `FRESH_TICKS` ticks and then read again, so a route whose
-//! metadata changes is followed within that (one second at the default
-//! 200 ms tick). Keyed by cluster and route name: an unnamed route is not
+//! trusted for the ticks of a second (`fresh_ticks`; one tick if a tick is
+//! longer) and then read again, so a route whose metadata changes is
+//! followed within about a second (until 2026-11-29 five ticks, whatever
+//! their length: 50 s at a `sync_interval` of 10 s, for a route just
+//! turned off). Keyed by cluster and route name: an unnamed route is not
 //! cached (its metadata is read on each request, as before).
 //!
 //! Plain Rust: the caller reads the property and says which tick it is.
 
-/// Ticks an entry is trusted before the property is read again.
-pub const FRESH_TICKS: u64 = 5;
+/// How long an entry is trusted before the property is read again (µs).
+const FRESH_FOR_US: u64 = 1_000_000;
+
+/// The ticks of `tick_us` an entry is trusted: those of a second, at
+/// least one.
+pub fn fresh_ticks(tick_us: u64) -> u64 {
+    FRESH_FOR_US.div_ceil(tick_us.max(1)).max(1)
+}
 /// Routes a worker remembers; past it the stalest entry makes room.
 pub const MAX_ROUTES: usize = 64;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RouteMetadataCache {
     entries: Vec<Entry>,
+    fresh_ticks: u64,
 }
 
 #[derive(Debug)]
@@ -31,8 +40,16 @@ struct Entry {
 }
 
 impl RouteMetadataCache {
-    /// The overrides last read for the route, if read within `FRESH_TICKS`
-    /// of `tick`; `None`: read the property (and `remember` it).
+    /// A cache for a worker whose ticks are `tick_us` apart.
+    pub fn new(tick_us: u64) -> Self {
+        RouteMetadataCache {
+            entries: Vec::new(),
+            fresh_ticks: fresh_ticks(tick_us),
+        }
+    }
+
+    /// The overrides last read for the route, if read within the fresh
+    /// ticks of `tick`; `None`: read the property (and `remember` it).
     pub fn get(&self, cluster: &[u8], route: &[u8], tick: u64) -> Option<&[u8]> {
         if route.is_empty() {
             return None;
@@ -40,7 +57,7 @@ impl RouteMetadataCache {
         self.entries
             .iter()
             .find(|e| *e.route == *route && *e.cluster == *cluster)
-            .filter(|e| tick.saturating_sub(e.read_at_tick) < FRESH_TICKS)
+            .filter(|e| tick.saturating_sub(e.read_at_tick) < self.fresh_ticks)
             .map(|e| &*e.metadata)
     }
 
@@ -84,9 +101,11 @@ impl RouteMetadataCache {
 mod tests {
     use super::*;
 
+    const FRESH_TICKS: u64 = 5;
+
     #[test]
     fn a_route_is_read_again_after_its_fresh_ticks() {
-        let mut cache = RouteMetadataCache::default();
+        let mut cache = RouteMetadataCache::new(200_000);
         assert_eq!(cache.get(b"c", b"r", 0), None);
         cache.remember(b"c", b"r", b"meta", 10);
         assert_eq!(cache.get(b"c", b"r", 10), Some(&b"meta"[..]));
@@ -100,9 +119,29 @@ mod tests {
         assert_eq!(cache.get(b"c", b"r", 21), Some(&b""[..]));
     }
 
+    /// A second's worth of ticks, whatever the tick: a route turned off is
+    /// followed within about a second at a `sync_interval` of 10 ms or
+    /// 300 ms, and within one tick past a second.
+    #[test]
+    fn an_entry_is_trusted_for_about_a_second() {
+        assert_eq!(fresh_ticks(200_000), FRESH_TICKS);
+        assert_eq!(fresh_ticks(10_000), 100);
+        assert_eq!(fresh_ticks(300_000), 4);
+        assert_eq!(fresh_ticks(10_000_000), 1);
+        assert_eq!(fresh_ticks(0), 1_000_000);
+        let mut cache = RouteMetadataCache::new(10_000_000);
+        cache.remember(b"c", b"r", b"meta", 3);
+        assert_eq!(cache.get(b"c", b"r", 3), Some(&b"meta"[..]));
+        assert_eq!(
+            cache.get(b"c", b"r", 4),
+            None,
+            "read again at the next tick"
+        );
+    }
+
     #[test]
     fn routes_are_told_apart_by_cluster_and_unnamed_ones_are_not_kept() {
-        let mut cache = RouteMetadataCache::default();
+        let mut cache = RouteMetadataCache::new(200_000);
         cache.remember(b"a", b"r", b"one", 0);
         cache.remember(b"b", b"r", b"two", 0);
         assert_eq!(cache.get(b"a", b"r", 0), Some(&b"one"[..]));
@@ -113,7 +152,7 @@ mod tests {
 
     #[test]
     fn the_stalest_route_makes_room() {
-        let mut cache = RouteMetadataCache::default();
+        let mut cache = RouteMetadataCache::new(200_000);
         for i in 0..MAX_ROUTES as u64 {
             cache.remember(b"c", format!("r{i}").as_bytes(), b"m", i);
         }

@@ -720,7 +720,7 @@ impl Worker {
             adopted: false,
             random: 0,
             variants: Vec::new(),
-            route_metadata: RouteMetadataCache::default(),
+            route_metadata: RouteMetadataCache::new(tick_us),
             pending_log: Vec::new(),
             admin: AdminReads::default(),
         }
@@ -3630,7 +3630,7 @@ mod tests {
         assert!(
             log.0
                 .iter()
-                .any(|l| l.contains("route \"r\" of cluster \"c\": host_choice: no effect")),
+                .any(|l| l.contains("route \"r\" of cluster \"c\": filter_metadata.adaptive_hedge.host_choice: true ignored")),
             "{:?}",
             log.0
         );

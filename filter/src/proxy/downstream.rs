@@ -1326,7 +1326,7 @@ mod tests {
         use crate::route_metadata::encode;
         let (host, mut plugin) = warmed(r#"{"debug_header": true, "min_samples": 20}"#);
         let mut on_route = |overrides: &serde_json::Value| {
-            for _ in 0..crate::route_metadata_cache::FRESH_TICKS {
+            for _ in 0..crate::route_metadata_cache::fresh_ticks(200_000) {
                 plugin.on_tick(); // the overrides are read again
             }
             let mut debug = String::new();
@@ -1421,7 +1421,7 @@ mod tests {
         request(&plugin).on_request_headers();
         // the overrides are known
         assert_eq!(host.calls_to("property"), 2, "{:?}", host.state().calls);
-        for _ in 0..crate::route_metadata_cache::FRESH_TICKS {
+        for _ in 0..crate::route_metadata_cache::fresh_ticks(200_000) {
             plugin.on_tick();
         }
         on_route(&host);
