@@ -306,12 +306,24 @@ pub fn kill_all() {
     }
 }
 
+/// The threads (Envoy's log's second field) that logged the filter's
+/// "configured" line, among the lines `which` keeps.
+fn configured_threads(log: &str, which: impl Fn(&str) -> bool) -> usize {
+    log.lines()
+        .filter(|l| l.contains("adaptive-hedge 0.1.0 configured") && which(l))
+        .filter_map(|l| l.split("][").nth(1))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
 pub struct Envoy {
     child: Child,
     /// The config loads the filter (baseline and static-hedge ones do not).
     has_filter: bool,
     /// The config runs the module as an upstream filter too (streaming).
     has_upstream_role: bool,
+    /// Worker threads: each, and the main thread, configures the filter.
+    concurrency: u32,
     pub admin_port: u16,
     pub listener_port: u16,
     dir: PathBuf,
@@ -427,6 +439,7 @@ impl Envoy {
             child,
             has_filter,
             has_upstream_role,
+            concurrency: opts.concurrency,
             admin_port,
             listener_port,
             dir,
@@ -593,6 +606,16 @@ impl Envoy {
     /// the very complaint: the upstream role's hung holds).
     pub fn assert_no_vm_failure_except(&self, expected: &[&str]) {
         let log = self.log();
+        // Envoy's own words for a plugin or VM that could not start on a
+        // thread ("Plugin ... failed to load", "Failed to load Wasm ...",
+        // "Unable to create Wasm ..."), whatever their case
+        let lower = log.to_lowercase();
+        for needle in ["failed to load", "unable to create wasm"] {
+            assert!(
+                !lower.contains(needle),
+                "Envoy log shows a plugin that did not load ({needle}):\n{log}"
+            );
+        }
         for needle in [
             "panicked",
             "wasm trap",
@@ -630,17 +653,25 @@ impl Envoy {
                 assert_eq!(value, 0, "{name} = {value}");
             }
         }
+        // configured on every thread: a worker whose plugin failed to
+        // start passes its requests through under FAIL_OPEN, unseen by
+        // the checks above
+        // (each role that configured anywhere, on every thread)
+        let threads = self.concurrency as usize + 1;
         if self.has_filter {
             assert!(
                 log.contains("adaptive-hedge 0.1.0 configured"),
                 "the filter never configured:\n{log}"
             );
-        }
-        if self.has_upstream_role {
-            assert!(
-                log.contains(r#"adaptive-hedge 0.1.0 configured: {"role":"upstream"}"#),
-                "the upstream role never configured:\n{log}"
-            );
+            for (role, upstream) in [("downstream", false), ("upstream", true)] {
+                let configured =
+                    configured_threads(&log, |l| l.contains(r#""role":"upstream""#) == upstream);
+                let required = upstream && self.has_upstream_role;
+                assert!(
+                    configured >= threads || (configured == 0 && !required),
+                    "the {role} role configured on {configured} of {threads} threads:\n{log}"
+                );
+            }
         }
     }
 
@@ -779,4 +810,28 @@ fn dechunk(mut body: &str) -> String {
         body = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::configured_threads;
+
+    /// Envoy's log format: `[time][thread][level][logger] [file:line] text`.
+    #[test]
+    fn configured_threads_counts_each_thread_once_per_role() {
+        let line = |thread: u32, config: &str| {
+            format!(
+                "[2026-11-29 09:00:00.000][{thread}][info][wasm] [source/extensions/common/wasm/context.cc:1190] wasm log adaptive-hedge: adaptive-hedge 0.1.0 configured: {config}\n"
+            )
+        };
+        let mut log = String::new();
+        for thread in [10, 11, 11] {
+            log.push_str(&line(thread, "{}"));
+        }
+        log.push_str(&line(12, r#"{"role":"upstream"}"#));
+        let upstream = |l: &str| l.contains(r#""role":"upstream""#);
+        // the downstream role on two threads of three: one worker missing
+        assert_eq!(configured_threads(&log, |l| !upstream(l)), 2);
+        assert_eq!(configured_threads(&log, upstream), 1);
+    }
 }
