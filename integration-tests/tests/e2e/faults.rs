@@ -165,12 +165,29 @@ fn upstream_faults_become_no_new_errors() {
         EnvoyOptions::new("envoy.yaml", sim.ports()).plugin_config(QUICK),
     ))
     .unwrap();
-    warm(&rt, &client, &with);
+    let mut seen = rt.block_on(common::warm_up(&client, &with, "/", 100, 2)) as i64;
+    with.requests_seen("backend", seen);
+    let armed = || {
+        with.filter_stat("hedges_armed_total", "backend")
+            .unwrap_or(0)
+    };
+    let mut armed_before = armed();
     for (name, headers) in cases {
         let n = if name.starts_with("hang") { 6 } else { 40 };
         let expected = statuses(&rt, &client, &base, n, headers);
         let got = statuses(&rt, &client, &with, n, headers);
         println!("{name}: without {expected:?}, with {got:?}");
+        // the faulted requests were armed (the counters of a tick flush
+        // together): the filter was in play, not passing them by
+        seen += n as i64;
+        with.requests_seen("backend", seen);
+        let armed_now = armed();
+        assert!(
+            armed_now > armed_before,
+            "{name}: none of the faulted requests was armed: {}",
+            with.filter_stats("backend")
+        );
+        armed_before = armed_now;
         let ok = |m: &BTreeMap<u16, usize>| m.get(&200).copied().unwrap_or(0);
         assert!(ok(&got) >= ok(&expected), "{name}: {got:?} vs {expected:?}");
         assert_eq!(got.values().sum::<usize>(), n);
