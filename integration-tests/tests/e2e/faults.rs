@@ -328,11 +328,13 @@ fn hostile_control_header_values_change_nothing() {
             ("x-envoy-upstream-rq-per-try-timeout-ms", "abc"),
             ("x-envoy-max-retries", "lots"),
         ],
+        // repeated, on failing hosts: obeyed, 6 to 8 attempts a request
         vec![
             ("x-envoy-max-retries", "5"),
             ("x-envoy-max-retries", "7"),
             ("x-envoy-retry-on", "5xx"),
             ("x-envoy-retry-on", "reset"),
+            ("x-sim-status", "503"),
         ],
         vec![
             ("x-envoy-hedge-on-per-try-timeout", "true"),
