@@ -76,8 +76,29 @@ fn text_map(map: &hyper::HeaderMap) -> HashMap<String, String> {
         .collect()
 }
 
-/// One request; `headers` are added as given.
+/// The longest a test's request may take, answer and body: past Envoy's
+/// route timeouts (15 s by default, 60 s in the streaming config's), so
+/// that a filter that stalls requests fails a test in seconds, not in a
+/// quarter of an hour of requests each waiting out a route timeout.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One request; `headers` are added as given. Gives up after
+/// `REQUEST_TIMEOUT`.
 pub async fn request(
+    client: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        request_unbounded(client, method, url, headers),
+    )
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer within {REQUEST_TIMEOUT:?}")))
+}
+
+async fn request_unbounded(
     client: &Client,
     method: &str,
     url: &str,
@@ -469,13 +490,18 @@ impl Connection {
         let req = builder
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
-        self.sender.ready().await.map_err(|e| e.to_string())?;
-        let start = Instant::now();
-        let resp = self
-            .sender
-            .send_request(req)
+        let exchange = async {
+            self.sender.ready().await.map_err(|e| e.to_string())?;
+            let start = Instant::now();
+            let resp = self
+                .sender
+                .send_request(req)
+                .await
+                .map_err(|e| e.to_string())?;
+            Reply::read(resp, start).await
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange)
             .await
-            .map_err(|e| e.to_string())?;
-        Reply::read(resp, start).await
+            .unwrap_or_else(|_| Err(format!("no answer within {REQUEST_TIMEOUT:?}")))
     }
 }
