@@ -40,8 +40,11 @@ VENV := .venv
 WASM_TARGET := wasm32-unknown-unknown
 WASM := build/adaptive_hedge.wasm
 
-# Envoy: $ENVOY, else `envoy` on PATH, else the project venv (make setup).
-ENVOY ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
+# Envoy: $ENVOY, else the project venv's (make setup installs the pinned
+# version there, before any target that runs Envoy), else `envoy` on PATH.
+# Expanded when used, so after `make setup` has run: an older Envoy on PATH
+# does not stop `make test` on a fresh machine.
+ENVOY ?= $(shell test -x $(VENV)/bin/envoy && echo $(CURDIR)/$(VENV)/bin/envoy || command -v envoy 2>/dev/null || echo $(CURDIR)/$(VENV)/bin/envoy)
 export ENVOY
 
 .PHONY: check-configs crds soak fuzz setup setup-deploy build test test-deploy unit-test e2e-test demo bench lint fmt clean run oci oci-pin
