@@ -423,9 +423,13 @@ impl LocalBudget {
     /// until two reads of the shared count are apart in time.
     fn cluster_cap(&mut self, requests_total: u64, now_ms: u64) -> Option<u64> {
         let seen = self.cluster_seen.replace((requests_total, now_ms));
-        if let Some((total, at)) =
-            seen.filter(|&(total, at)| requests_total >= total && now_ms > at)
-        {
+        // Reads a minute or more apart are a clock stepped forward (NTP;
+        // the filter's clock is the wall clock), not a rate: their count
+        // over the gap read a busy cluster as nearly idle, and the pool
+        // was cut to match. Re-based instead, as after a step back.
+        if let Some((total, at)) = seen.filter(|&(total, at)| {
+            requests_total >= total && now_ms > at && now_ms - at < RATE_GAP_MS
+        }) {
             let elapsed_ms = now_ms - at;
             let rate = (requests_total - total) as f64 * 1000.0 / elapsed_ms as f64;
             let weight = (elapsed_ms as f64 / 1000.0).min(1.0);
@@ -441,6 +445,10 @@ impl LocalBudget {
         Some(self.reserve_for(per_second).max(0) as u64)
     }
 }
+
+/// Reads of the cluster's count this far apart or more say nothing of its
+/// rate (see `cluster_cap`): ticks are at most `sync_interval` apart, 10 s.
+const RATE_GAP_MS: u64 = 60_000;
 
 /// Refused shares above this are the delay's fault, not noise.
 const REFUSALS_TOLERATED: f64 = 0.02;
@@ -920,6 +928,17 @@ mod tests {
         fresh.rebalance(&mut pool, 5_000, 0);
         fresh.rebalance(&mut pool, 10, 200);
         assert_eq!(pool, 800 * U);
+        // the clock stepped an hour forward between two ticks at 10,000
+        // req/s: no rate of 0.6 a second, the pool kept
+        let mut pool = 800 * U;
+        let mut stepped = budget(10 * TOKEN);
+        stepped.rebalance(&mut pool, 0, 0);
+        stepped.rebalance(&mut pool, 2_000, 200);
+        stepped.rebalance(&mut pool, 4_000, 200 + 3_600_000);
+        assert_eq!(pool, 800 * U);
+        // and the next tick reads the rate again
+        stepped.rebalance(&mut pool, 4_100, 1_200 + 3_600_000);
+        assert!(pool < 800 * U);
     }
 
     /// One worker gets 900 requests a second, all fast; the other 100, the
