@@ -96,8 +96,32 @@ pub struct BudgetState {
 /// `hedge_delay`): at the default p94 guard, the third-slowest of 40.
 pub const REGIME_SAMPLES: u64 = 40;
 
+/// The long horizon's count a delay needs: `min_samples` to begin with,
+/// and half of it to go on with (`hedging`: there was a delay at the last
+/// tick).
+///
+/// Why two marks: the long horizon halves its weights every ten minutes,
+/// so a cluster answering between `min_samples` and twice that in ten
+/// minutes (0.17 to 0.33 requests a second at the default 100) fell under
+/// a single mark at every halving and went unarmed until it filled again:
+/// on for a few minutes, off for a few, over and over. With the lower
+/// mark to go on, a cluster once armed stays armed down to half that
+/// rate, where its count never leaves the band; one that never reached
+/// `min_samples` still waits for it. `hedging` is the worker's own: a
+/// worker's new configuration (a push) starts from `min_samples` again,
+/// as does a route whose `min_samples` was raised.
+pub fn samples_needed(policy: &ClusterPolicy, hedging: bool) -> u64 {
+    if hedging {
+        policy.min_samples.div_ceil(2)
+    } else {
+        policy.min_samples
+    }
+}
+
 /// The delay to arm requests with; `None` while the long horizon holds
-/// fewer than `min_samples` (still warming up).
+/// fewer than `samples_needed` (still warming up: `min_samples`, or half
+/// of it once `hedging`, the cluster or route having had a delay at the
+/// last tick).
 ///
 /// It is the larger of the quantile over the long horizon (every sample,
 /// halved every ten minutes: see `window::LongHorizon`) and the quantile over
@@ -132,26 +156,6 @@ pub const REGIME_SAMPLES: u64 = 40;
 /// the recent slices still hold seconds of the old regime after a shift
 /// up; their quantile climbs a few ms a tick, and every delay on the way
 /// is stale.
-/// The long horizon's count a delay needs: `min_samples` to begin with,
-/// and half of it to go on with (`hedging`: there was a delay at the last
-/// tick).
-///
-/// Why two marks: the long horizon halves its weights every ten minutes,
-/// so a cluster answering between `min_samples` and twice that in ten
-/// minutes (0.17 to 0.33 requests a second at the default 100) fell under
-/// a single mark at every halving and went unarmed until it filled again:
-/// on for a few minutes, off for a few, over and over. With the lower
-/// mark to go on, a cluster once armed stays armed down to half that
-/// rate, where its count never leaves the band; one that never reached
-/// `min_samples` still waits for it.
-pub fn samples_needed(policy: &ClusterPolicy, hedging: bool) -> u64 {
-    if hedging {
-        policy.min_samples.div_ceil(2)
-    } else {
-        policy.min_samples
-    }
-}
-
 pub fn hedge_delay(
     policy: &ClusterPolicy,
     long: &Sketch,

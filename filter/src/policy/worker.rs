@@ -1122,6 +1122,12 @@ impl Worker {
                             state.stale = None;
                             state.regime = None;
                         }
+                        // a raised min_samples is met whole again, not at
+                        // the half that keeps a delay (`samples_needed`):
+                        // judged afresh at the next tick
+                        if policy.min_samples > state.policy.min_samples {
+                            state.hedge_delay = None;
+                        }
                         state.policy = Arc::new(policy);
                     }
                     Some(id)
@@ -2758,6 +2764,35 @@ mod tests {
     fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
         w.plan(Some(cluster), None, &Request { method, ..GET })
             .decision
+    }
+
+    /// A route's `min_samples` raised by xDS: its state is kept, but the
+    /// new mark is met whole, not at the half that keeps a delay going.
+    #[test]
+    fn a_route_s_raised_min_samples_is_met_whole_again() {
+        use crate::route_metadata::encode;
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"c");
+        let low = encode(&serde_json::json!({ "min_samples": 20 }));
+        for i in 0..60 {
+            let p = w.plan_route(Some(b"c"), Some(b"r"), &low, &GET, None);
+            w.on_response(p.cluster.unwrap(), p.route, 5_000 + i * 100);
+            if let Some(s) = p.settlement() {
+                w.settle(s, Some(1), None, None, None);
+            }
+        }
+        w.sync(T0, &store, &mut log);
+        let armed = w.plan_route(Some(b"c"), Some(b"r"), &low, &GET, None);
+        assert!(matches!(armed.decision, Decision::Arm(_)), "{armed:?}");
+        // 60 samples: past half of 100, short of 100
+        let high = encode(&serde_json::json!({ "min_samples": 100 }));
+        let p = w.plan_route(Some(b"c"), Some(b"r"), &high, &GET, None);
+        assert_eq!(p.decision, Decision::Skip(Skip::WarmingUp));
+        w.sync(T0 + 200, &store, &mut log);
+        let p = w.plan_route(Some(b"c"), Some(b"r"), &high, &GET, None);
+        assert_eq!(p.decision, Decision::Skip(Skip::WarmingUp));
     }
 
     /// A cluster answering 0.2 requests a second (about 120 in each ten
