@@ -443,15 +443,24 @@ mod tests {
     /// The delay from the long horizon alone: no recent slices, no
     /// censoring, a budget with nothing refused.
     fn long_horizon_delay(policy: &ClusterPolicy, long: &Sketch) -> Option<HedgeDelay> {
-        hedge_delay(
-            policy,
-            long,
-            &Sketch::new(),
-            None,
-            BudgetState::default(),
-            None,
-            false,
-        )
+        plain_delay(policy, long, &Sketch::new(), false)
+    }
+
+    /// The delay from the long horizon and the recent slices, with no
+    /// censoring, no new regime and a budget with nothing refused.
+    fn plain_delay(
+        policy: &ClusterPolicy,
+        long: &Sketch,
+        recent: &Sketch,
+        hedging: bool,
+    ) -> Option<HedgeDelay> {
+        let budget = BudgetState::default();
+        hedge_delay(policy, long, recent, None, budget, None, hedging)
+    }
+
+    /// `plain_delay` of a warmed-up cluster, in µs.
+    fn plain_delay_us(policy: &ClusterPolicy, long: &Sketch, recent: &Sketch) -> f64 {
+        plain_delay(policy, long, recent, false).map_or(f64::NAN, |d| d.delay_us as f64)
     }
 
     #[test]
@@ -496,50 +505,20 @@ mod tests {
         let fast: Vec<f64> = (1..=100).map(|i| i as f64 * 3.0).collect(); // p90 0.27 ms
         let mut window = window_of(&old);
         window.merge(&window_of(&slow));
-        let up = hedge_delay(
-            &policy,
-            &window,
-            &window_of(&slow),
-            None,
-            BudgetState::default(),
-            None,
-            false,
-        )
-        .unwrap()
-        .delay_us as f64;
+        let up = plain_delay_us(&policy, &window, &window_of(&slow));
         assert!(
             (up / 27_000.0 - 1.0).abs() < 0.02,
             "follows the shift up at once: {up}"
         );
         let mut window = window_of(&old);
         window.merge(&window_of(&fast));
-        let down = hedge_delay(
-            &policy,
-            &window,
-            &window_of(&fast),
-            None,
-            BudgetState::default(),
-            None,
-            false,
-        )
-        .unwrap()
-        .delay_us as f64;
+        let down = plain_delay_us(&policy, &window, &window_of(&fast));
         assert!(
             down > 8_000.0,
             "a shift down waits for the long horizon: {down}"
         );
         // too few recent samples: ignored
-        let few = hedge_delay(
-            &policy,
-            &window_of(&old),
-            &window_of(&slow[..49]),
-            None,
-            BudgetState::default(),
-            None,
-            false,
-        )
-        .unwrap()
-        .delay_us as f64;
+        let few = plain_delay_us(&policy, &window_of(&old), &window_of(&slow[..49]));
         assert!((few / 9_000.0 - 1.0).abs() < 0.02, "{few}");
     }
 
@@ -778,17 +757,7 @@ mod tests {
         assert!((0.35..0.5).contains(&trigger), "{trigger}");
         let values: Vec<f64> = (1..=1000).map(|i| i as f64 * 100.0).collect();
         let window = window_of(&values);
-        let delay = hedge_delay(
-            &policy,
-            &window,
-            &window,
-            None,
-            BudgetState::default(),
-            None,
-            false,
-        )
-        .unwrap()
-        .delay_us as f64;
+        let delay = plain_delay_us(&policy, &window, &window);
         let at_trigger = trigger * 100_000.0;
         assert!(
             (delay / at_trigger - 1.0).abs() < 0.03,
@@ -803,11 +772,8 @@ mod tests {
         assert_eq!(none, None);
         assert!(long_horizon_delay(&policy, &window_of(&[1000.0; 100])).is_some());
         // once hedging, half of it keeps the delay
-        let go_on = |n: usize| {
-            let long = window_of(&vec![1000.0; n]);
-            let none = BudgetState::default();
-            hedge_delay(&policy, &long, &Sketch::new(), None, none, None, true)
-        };
+        let go_on =
+            |n: usize| plain_delay(&policy, &window_of(&vec![1000.0; n]), &Sketch::new(), true);
         assert!(go_on(50).is_some());
         assert_eq!(go_on(49), None);
     }
