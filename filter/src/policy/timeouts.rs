@@ -263,6 +263,8 @@ impl ArmedRequests {
     /// hosts, not the other's.
     pub fn armed(&mut self, deadline_ns: u64, per_try_ns: u64, pick: Option<HostPick>) -> u64 {
         let mut deadline_ns = deadline_ns;
+        // one pass over the list, as `ended` makes: the armed requests of
+        // one cluster on one worker
         while self.armed.iter().any(|a| a.deadline_ns == deadline_ns) {
             deadline_ns = deadline_ns.saturating_add(1);
         }
@@ -508,7 +510,9 @@ mod tests {
         let mut armed = ArmedRequests::default();
         let first = armed.armed(10 * MS, 10 * MS, pick(0, 1));
         let second = armed.armed(10 * MS, 10 * MS, pick(2, 1));
-        assert_ne!(first, second);
+        let third = armed.armed(10 * MS, 10 * MS, pick(1, 2));
+        assert!(first != second && second != third && first != third);
+        armed.ended(third, Some(1), Ended::After(4_000), &mut hosts);
         armed.ended(second, Some(2), Ended::Untimed, &mut hosts);
         assert_eq!(hosts.timeouts_unanswered(2), 1, "its primary fired");
         assert_eq!(hosts.timeouts_unanswered(0), 0);
