@@ -1070,20 +1070,9 @@ impl Worker {
                     .route_policy(&base, json, prefix, &mut warnings)
                     .map_err(|e| refusal(&e.field, &e.value, &e.rule))
             });
-        // The glue reads responses' hosts and writes the host header only
-        // when the configuration chooses hosts somewhere (a client's header
-        // is left alone otherwise): a route cannot switch it on by itself.
-        let chooses_hosts = self.config.chooses_hosts();
-        let policy = policy.map(|mut p| {
-            if p.host_choice && !chooses_hosts {
-                p.host_choice = false;
-                warnings.push(
-                    "host_choice: no effect, the plugin's configuration chooses hosts for no cluster (set it at the top level or for the cluster)"
-                        .to_string(),
-                );
-            }
-            p
-        });
+        // A route cannot switch host choice on by itself: where the
+        // configuration chooses hosts for no cluster, its cluster's policy
+        // has it off, which `Config::route_policy` keeps (and says so).
         for w in warnings {
             self.pending_log.push((
                 Level::Warn,
