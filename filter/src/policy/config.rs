@@ -185,10 +185,15 @@ fn methods_rule(methods: Vec<String>) -> Result<Vec<String>, String> {
             "must list at least one method (use \"disabled\": true to turn hedging off)".into(),
         );
     }
+    // An HTTP token (RFC 9110, 5.6.2) without lower-case letters: methods
+    // are case-sensitive, so "get" would match nothing a client sends, and
+    // tokens such as M-SEARCH or VERSION-CONTROL hold '-'.
+    let method_byte =
+        |b: u8| b.is_ascii_uppercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b);
     for m in &methods {
-        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+        if !m.bytes().any(|b| b.is_ascii_uppercase()) || !m.bytes().all(method_byte) {
             return Err(format!(
-                "\"{m}\": methods are upper-case tokens such as \"GET\""
+                "\"{m}\": methods are upper-case tokens such as \"GET\" or \"M-SEARCH\""
             ));
         }
         if m == "CONNECT" {
@@ -245,8 +250,14 @@ const GRPC_RETRY_ON_VALUES: &[&str] = &[
     "unavailable",
 ];
 
+/// May be empty: armed gRPC calls then get no `x-envoy-retry-grpc-on`, and
+/// any gRPC status ends the race (the route's own `retry_on` still applies).
 fn grpc_retry_on_rule(retry_on: Arc<str>) -> Result<Arc<str>, String> {
+    if retry_on.trim().is_empty() {
+        return Ok("".into());
+    }
     comma_list(&retry_on, GRPC_RETRY_ON_VALUES, "Envoy gRPC retry-on")
+        .map_err(|e| format!("{e}, or \"\""))
 }
 
 /// `/package.Service/Method` or `/package.Service/`: the `:path` of a gRPC
@@ -1517,6 +1528,28 @@ mod tests {
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         let c = Config::parse(br#"{"disabled": true}"#).unwrap();
         assert_eq!(c.warnings.len(), 1);
+    }
+
+    /// Any HTTP method token without lower case: M-SEARCH (UPnP) and
+    /// VERSION-CONTROL (WebDAV) hold a '-'.
+    #[test]
+    fn methods_are_upper_case_tokens() {
+        let c = Config::parse(br#"{"idempotent_methods": ["GET", "M-SEARCH", "VERSION-CONTROL"]}"#)
+            .unwrap();
+        assert!(c.defaults.allows_method(b"M-SEARCH"));
+        for bad in ["Get", "G ET", "GET/", "123", "-", "GET\u{e9}", ""] {
+            let json = format!(r#"{{"idempotent_methods": ["{bad}"]}}"#);
+            let e = Config::parse(json.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("idempotent_methods"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn grpc_retry_on_may_be_none() {
+        let c = Config::parse(br#"{"grpc_retry_on": " "}"#).unwrap();
+        assert_eq!(&*c.defaults.grpc_retry_on, "");
+        let c = Config::parse(br#"{"grpc_retry_on": "unavailable , internal"}"#).unwrap();
+        assert_eq!(&*c.defaults.grpc_retry_on, "unavailable,internal");
     }
 
     #[test]

@@ -335,6 +335,7 @@ impl Arming {
         let grpc = self
             .retry_grpc_on
             .as_deref()
+            .filter(|on| !on.is_empty())
             .map(|on| (RETRY_GRPC_ON, HeaderValue::Text(on)));
         let codes = self
             .retriable_status_codes
@@ -869,6 +870,14 @@ mod tests {
         assert!(set(&with_defaults(&GET))
             .iter()
             .all(|(n, _)| n != RETRY_GRPC_ON));
+        // `grpc_retry_on: ""`: armed, with no gRPC retry-on
+        let none = ClusterPolicy {
+            grpc_retry_on: "".into(),
+            ..policy.clone()
+        };
+        let p = with_policy(&call(b"/demo.Echo/Get"), &none);
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert!(set(&p).iter().all(|(n, _)| n != RETRY_GRPC_ON), "{p:?}");
     }
 
     #[test]
