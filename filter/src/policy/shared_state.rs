@@ -91,9 +91,14 @@ pub fn registry_key(geometry: WindowGeometry) -> String {
 
 /// The admin interface's last read (`membership`).
 pub fn membership_key(geometry: WindowGeometry) -> String {
-    // its own encoding's version (`membership::VERSION`): a filter of the
-    // last version beside this one, during a reload, keeps its own value
-    format!("{}admin_membership_v3", key_prefix(geometry))
+    // its own encoding's version: a filter of the last version beside this
+    // one, during a reload, keeps its own value (one key for both, each
+    // unable to read the other's, would wipe the other's read every period)
+    format!(
+        "{}admin_membership_v{}",
+        key_prefix(geometry),
+        super::membership::VERSION
+    )
 }
 
 /// A cluster's shared value.
@@ -309,6 +314,11 @@ impl SharedCluster {
         {
             return Err(DecodeError::Evicted);
         }
+        // what `encode` would not write does not decode: a value kept whole
+        // by this worker and cut by the next one's write would differ
+        if bytes.len() > MAX_CLUSTER_VALUE_BYTES {
+            return Err(DecodeError::Corrupt("cluster value too long"));
+        }
         let mut r = Reader { bytes };
         r.header(CLUSTER_MAGIC)?;
         if r.u64()? != geometry.slice_ms {
@@ -342,6 +352,9 @@ impl SharedCluster {
         let mut hosts = Vec::with_capacity(count);
         for _ in 0..count {
             let len = usize::from(r.u8()?);
+            if len > MAX_HOST_ADDRESS {
+                return Err(DecodeError::Corrupt("host address too long"));
+            }
             let address = std::str::from_utf8(r.take(len)?)
                 .map_err(|_| DecodeError::Corrupt("host address is not UTF-8"))?
                 .to_string();
@@ -676,6 +689,46 @@ mod tests {
         }
         assert_eq!(s.counts().len(), MAX_BUCKETS);
         s
+    }
+
+    /// Another worker's value (or a corrupt one) that `encode` would not
+    /// write back whole is refused: decoded, this worker would keep a host
+    /// the value it writes next leaves out (found by the fuzz round trip's
+    /// reading; membership refuses such addresses too).
+    #[test]
+    fn what_encode_would_drop_does_not_decode() {
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        let mut long_host = sample_cluster();
+        long_host.hosts.truncate(1);
+        let address = "a".repeat(MAX_HOST_ADDRESS + 1);
+        let mut bytes = long_host.encode();
+        let fits = SharedCluster::decode(&bytes, g).unwrap();
+        assert_eq!(fits.hosts.len(), 1);
+        // the one host's address, written past the cap by hand
+        let at = bytes
+            .windows(long_host.hosts[0].address.len())
+            .position(|w| w == long_host.hosts[0].address.as_bytes())
+            .unwrap();
+        bytes[at - 1] = address.len() as u8;
+        bytes.splice(at..at + long_host.hosts[0].address.len(), address.bytes());
+        assert!(SharedCluster::decode(&bytes, g).is_err());
+        let mut too_long = long_host.encode();
+        too_long.resize(MAX_CLUSTER_VALUE_BYTES + 1, 0);
+        assert!(SharedCluster::decode(&too_long, g).is_err());
+    }
+
+    /// Bumping `membership::VERSION` alone moves the key with it.
+    #[test]
+    fn the_membership_key_carries_its_encoding_s_version() {
+        let g = WindowGeometry::new(Duration::from_secs(30));
+        let key = membership_key(g);
+        assert!(
+            key.ends_with(&format!(
+                "admin_membership_v{}",
+                super::super::membership::VERSION
+            )),
+            "{key}"
+        );
     }
 
     #[test]

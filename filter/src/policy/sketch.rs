@@ -140,10 +140,14 @@ impl Sketch {
         if index >= self.counts.len() {
             self.counts.resize(index + 1, 0);
         }
+        // a bucket full at u32::MAX keeps what it can, and the total only
+        // that: ranks past the counts would read the top bucket for every
+        // quantile (reachable only through another worker's shared value)
         if let Some(c) = self.counts.get_mut(index) {
+            let before = *c;
             *c = c.saturating_add(n);
+            self.total += u64::from(*c - before);
         }
-        self.total += u64::from(n);
     }
 
     /// Moves the counts of every bucket below `lowest` into the bucket
@@ -151,15 +155,15 @@ impl Sketch {
     fn collapse_below(&mut self, lowest: i32) {
         let drop = usize::try_from(lowest - self.offset).unwrap_or(0);
         let drop = drop.min(self.counts.len());
-        let moved = self
-            .counts
-            .drain(..drop)
-            .fold(0u32, |sum, c| sum.saturating_add(c));
+        let moved: u64 = self.counts.drain(..drop).map(u64::from).sum();
         if self.counts.is_empty() {
             self.counts.push(0);
         }
         if let Some(first) = self.counts.first_mut() {
-            *first = first.saturating_add(moved);
+            let kept = (u64::from(*first) + moved).min(u64::from(u32::MAX));
+            // what a full bucket cannot hold leaves the total too
+            self.total = self.total.saturating_sub(u64::from(*first) + moved - kept);
+            *first = kept as u32;
         }
         self.offset = lowest;
     }
@@ -471,6 +475,19 @@ mod tests {
     #[test]
     fn empty_has_no_quantile() {
         assert_eq!(Sketch::new().quantile(0.5), None);
+    }
+
+    #[test]
+    fn a_full_bucket_keeps_the_total_equal_to_its_counts() {
+        let sum = |s: &Sketch| s.counts().iter().map(|&c| u64::from(c)).sum::<u64>();
+        let mut a = Sketch::from_parts(10, vec![u32::MAX]).unwrap();
+        a.merge(&Sketch::from_parts(10, vec![5]).unwrap());
+        assert_eq!(a.count(), sum(&a));
+        // collapsed into a full lowest bucket
+        let mut b = Sketch::from_parts(0, vec![u32::MAX, u32::MAX]).unwrap();
+        b.merge(&Sketch::from_parts(MAX_BUCKETS as i32 + 5, vec![1]).unwrap());
+        assert_eq!(b.count(), sum(&b));
+        assert_eq!(b.count(), u64::from(u32::MAX) + 1);
     }
 
     #[test]
