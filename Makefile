@@ -219,7 +219,7 @@ fuzz:
 	  mkdir -p fuzz/corpus/$$t fuzz/artifacts/$$t; \
 	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
 	  (set -o pipefail; fuzz/target/$(FUZZ_HOST)/release/$$t fuzz/corpus/$$t fuzz/seeds/$$t \
-	    -artifact_prefix=fuzz/artifacts/$$t/ -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -artifact_prefix=fuzz/artifacts/$$t/ -max_total_time=$(FUZZ_SECONDS) -max_len=8192 \
 	    -print_final_stats=1 2>&1 | \
 	    grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done|==|SUMMARY)|panicked|ERROR") \
 	    || { echo "fuzz $$t: failure, input in fuzz/artifacts/$$t/"; exit 1; }; \

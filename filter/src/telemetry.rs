@@ -111,7 +111,7 @@ impl<M: Metric> MetricTable<M> {
     /// Pushes counter deltas, and each gauge `gauge` gives a value for, to
     /// the sink. Names: `adaptive_hedge.<metric>` or, with a `label`,
     /// `adaptive_hedge.<metric>.<label>` (the configs' `stats_tags` turn the
-    /// suffix into a `cluster` label).
+    /// suffix into an `envoy_cluster_name` label).
     pub fn flush(
         &mut self,
         sink: &mut dyn MetricsSink,

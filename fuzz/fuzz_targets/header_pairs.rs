@@ -3,8 +3,8 @@
 #![no_main]
 
 use adaptive_hedge::header_pairs::scan;
-use adaptive_hedge::pairs::serialise;
 use adaptive_hedge::headers::{CONTROL_HEADERS, ENDPOINT_HEADER, FIRST_BYTE_MARKER};
+use adaptive_hedge::pairs::serialise;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

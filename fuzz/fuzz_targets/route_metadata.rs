@@ -10,7 +10,11 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(json) = overrides_to_json(data, policy_field_kind) {
         // what was read encodes back to bytes that read the same
-        assert_eq!(overrides_to_json(&encode(&json), policy_field_kind).as_ref(), Ok(&json));
-        let _ = Config::default().route_policy(&ClusterPolicy::default(), json, "", &mut Vec::new());
+        assert_eq!(
+            overrides_to_json(&encode(&json), policy_field_kind).as_ref(),
+            Ok(&json)
+        );
+        let _ =
+            Config::default().route_policy(&ClusterPolicy::default(), json, "", &mut Vec::new());
     }
 });

@@ -16,6 +16,7 @@ use adaptive_hedge::policy::membership::{
 use adaptive_hedge::policy::shared_state::memory::MemoryStore;
 use adaptive_hedge::policy::shared_state::{
     cluster_key, membership_key, registry_key, Registry, SharedCluster, SharedStore,
+    MAX_CLUSTER_VALUE_BYTES,
 };
 use adaptive_hedge::policy::window::WindowGeometry;
 use adaptive_hedge::policy::worker::Worker;
@@ -31,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let geometry = WindowGeometry::new(Duration::from_secs(30));
     if let Ok(cluster) = SharedCluster::decode(data, geometry) {
         let bytes = cluster.encode();
+        assert!(bytes.len() <= MAX_CLUSTER_VALUE_BYTES);
         assert_eq!(SharedCluster::decode(&bytes, geometry).ok(), Some(cluster));
     }
     if let Ok(registry) = Registry::decode(data) {
@@ -60,9 +62,19 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut worker = Worker::new(Arc::new(config));
     let store = MemoryStore::default();
+    // Where the bytes go: by the first byte's magic, whole under its own key
+    // (a seed's value, mutated, reaches the worker's merge), or else split
+    // between the registry and the cluster.
     let split = data.len() / 2;
-    let _ = store.set(&registry_key(geometry), &data[..split], 0);
-    let _ = store.set(&cluster_key(geometry, "backend"), &data[split..], 0);
+    match data.get(..3) {
+        Some(b"AHC") => {
+            let _ = store.set(&cluster_key(geometry, "backend"), data, 0);
+        }
+        _ => {
+            let _ = store.set(&registry_key(geometry), &data[..split], 0);
+            let _ = store.set(&cluster_key(geometry, "backend"), &data[split..], 0);
+        }
+    }
     let _ = store.set(&membership_key(geometry), data, 0);
     for i in 0..3u64 {
         let get = Request {

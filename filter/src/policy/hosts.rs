@@ -124,8 +124,24 @@ pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64, members: Option<
             .zip(serving)
             .is_some_and(|(m, serving)| membership::in_service(m, serving))
     };
+    // Stamps more than a second ahead: the wall clock was set back. Kept,
+    // they would freeze the decays (`keep` reads a stamp ahead as now) and
+    // keep a gone host's slot until the clock caught up, hours maybe; the
+    // window and the admin read's claim take a step back the same way.
+    for s in shared.iter_mut() {
+        if s.seen_ms > now_ms.saturating_add(CLOCK_SLACK_MS) {
+            s.seen_ms = now_ms;
+        }
+        if s.stamp_ms > now_ms.saturating_add(CLOCK_SLACK_MS) {
+            s.stamp_ms = now_ms;
+        }
+    }
     shared.retain(|s| now_ms.saturating_sub(s.seen_ms) < FORGET_MS || listed(&s.address));
 }
+
+/// How far ahead of this worker's clock another's stamp may be (ticks of
+/// different workers) before it is taken for a clock set back.
+const CLOCK_SLACK_MS: u64 = 1_000;
 /// A failure's weight halves in about this long (ms; the time constant).
 pub const FAILURE_DECAY_MS: f64 = 5_000.0;
 /// The part of a host's cost above the median host's fades with time
@@ -1211,6 +1227,29 @@ mod tests {
         hosts.panicking = false;
         hosts.overflow_ticks = 1;
         assert_eq!(hosts.needs_fresh_attempt(true), None);
+    }
+
+    /// The clock set back a day: the hosts stamped in the old time are
+    /// forgotten `FORGET_MS` after the step, and their costs fade again.
+    #[test]
+    fn hosts_stamped_before_the_clock_was_set_back_are_forgotten_in_time() {
+        let (_, shared) = measured_with(&[1000.0, 1000.0, 5000.0]);
+        let back = T0.saturating_sub(86_400_000);
+        let mut v = shared.clone();
+        for s in v.iter_mut() {
+            s.seen_ms = T0;
+            s.stamp_ms = T0;
+        }
+        forget_silent(&mut v, back, None);
+        assert_eq!(v.len(), shared.len(), "not forgotten at the step");
+        assert!(v.iter().all(|s| s.stamp_ms == back && s.seen_ms == back));
+        forget_silent(&mut v, back + FORGET_MS, None);
+        assert!(v.is_empty());
+        // a stamp a tick ahead (another worker's) is kept as it is
+        let mut ahead = shared.clone();
+        let stamp = ahead[0].stamp_ms;
+        forget_silent(&mut ahead, stamp - 200, None);
+        assert_eq!(ahead[0].stamp_ms, stamp);
     }
 
     /// A silent host is forgotten after `FORGET_MS`, unless the admin

@@ -880,7 +880,18 @@ mod tests {
                 .encode(),
             ),
         ];
+        // libFuzzer cuts a seed to its `-max_len` (the Makefile's `fuzz`):
+        // a longer one never decodes there, and the worker never merges a
+        // whole value with routes, hosts and sketches
+        let makefile = std::fs::read_to_string(dir.join("../../../Makefile")).unwrap();
+        let max_len: usize = makefile
+            .split("-max_len=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("the Makefile's fuzz target sets -max_len");
         for (name, bytes) in seeds {
+            assert!(bytes.len() <= max_len, "{name}: {} bytes", bytes.len());
             let path = dir.join(name);
             if std::env::var_os("WRITE_FUZZ_SEEDS").is_some() {
                 std::fs::create_dir_all(&dir).unwrap();

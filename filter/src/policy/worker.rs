@@ -2651,7 +2651,9 @@ fn update_shared<T: Clone + PartialEq>(
         result: Ok(None),
     };
     for _ in 0..CAS_ATTEMPTS {
-        // the evicted marker is replaced even by an unchanged value
+        // the evicted marker is replaced even by an unchanged value, and so
+        // is a value that did not decode: left, it was counted a reset on
+        // every tick of every worker while nothing changed (an idle cluster)
         let mut revived = false;
         let (before, mut bytes, cas) = match store.get(key) {
             Ok(Some((stored, cas))) => match decode(&stored) {
@@ -2668,6 +2670,7 @@ fn update_shared<T: Clone + PartialEq>(
                 Err(e) => {
                     outcome.resets += 1;
                     outcome.reset.get_or_insert(e);
+                    revived = true;
                     (fresh(), 0, cas)
                 }
             },
@@ -3211,6 +3214,28 @@ mod tests {
             stats.get("adaptive_hedge.shared_state_resets_total"),
             Some(3)
         );
+    }
+
+    /// Garbage met by an update with nothing to write is replaced all the
+    /// same: a reset counted once, not on every tick of every worker after.
+    #[test]
+    fn a_value_that_does_not_decode_is_replaced_even_by_no_change() {
+        let store = MemoryStore::default();
+        store.set("k", b"garbage", 0).unwrap();
+        let run = || {
+            update_shared(
+                &store,
+                "k",
+                false,
+                |b| (b == b"ok").then_some(1u8).ok_or(DecodeError::Truncated),
+                || 1u8,
+                |_| {},
+                |_| b"ok".to_vec(),
+            )
+        };
+        assert_eq!(run().resets, 1);
+        assert_eq!(store.get("k").unwrap().map(|v| v.0), Some(b"ok".to_vec()));
+        assert_eq!(run().resets, 0);
     }
 
     #[test]

@@ -567,7 +567,8 @@ impl<H: Host> DownstreamRequest<H> {
         // (the debug header left with the response headers)
         if let (Some(host), true) = (answered, self.log_attribution) {
             if let Some(text) = self.attribution(Some(&host), attempts) {
-                let _ = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+                let set = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+                self.host_failures += u64::from(set.is_err());
             }
         }
     }
@@ -730,10 +731,12 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
         };
         if let Some(text) = self.attribution(host.as_deref(), attempts) {
             if self.debug_header {
-                let _ = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
+                let set = self.host.set_response_header(DEBUG_HEADER, text.as_bytes());
+                self.host_failures += u64::from(set.is_err());
             }
             if self.log_attribution {
-                let _ = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+                let set = self.host.set_filter_state(FILTER_STATE, text.as_bytes());
+                self.host_failures += u64::from(set.is_err());
             }
         }
         Action::Continue
@@ -2278,6 +2281,16 @@ mod tests {
             host.response_header_text(DEBUG_HEADER),
             None,
             "no debug header asked for"
+        );
+        // a write Envoy refuses is counted, as every failed host call is
+        plugin.on_tick();
+        let errors = host.stat("adaptive_hedge.host_errors_total").unwrap_or(0);
+        host.fail(&format!("set_filter_state {FILTER_STATE}"));
+        answered_by(&host, &plugin, GET, "10.0.0.1:80", ms);
+        plugin.on_tick();
+        assert_eq!(
+            host.stat("adaptive_hedge.host_errors_total"),
+            Some(errors + 1)
         );
     }
 
