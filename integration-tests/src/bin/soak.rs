@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use integration_tests::harness::envoy::{Envoy, EnvoyOptions};
 use integration_tests::harness::load::{self, LoadResult};
 use integration_tests::harness::sim::{Latency, Simulator};
+use integration_tests::tools::scenario;
 
 struct Outcome {
     name: String,
@@ -48,7 +49,8 @@ fn many_clusters(options: EnvoyOptions, n: usize, ports: &[u16]) -> EnvoyOptions
             ));
         }
     }
-    let first_route = "                        - match: { prefix: \"/b/\" }\n";
+    // before the shipped configs' first route (`/b/`), which is named
+    let first_route = "                        - name: b\n";
     options
         .edit(first_route, &format!("{routes}{first_route}"))
         .edit("  clusters:\n", &format!("  clusters:\n{clusters}"))
@@ -63,13 +65,17 @@ fn run(name: &str, options: EnvoyOptions, clusters: usize, rate: f64, seconds: u
     let rt = integration_tests::runtime();
     let timeout = Duration::from_secs(10);
     println!("{name}: warm-up 10 s");
-    rt.block_on(load::open_loop_mixed(
+    let warm_up = rt.block_on(load::open_loop_mixed(
         &client,
         &urls,
         rate,
         (rate * 10.0) as u64,
         timeout,
     ));
+    let warm_up_answered: u64 = warm_up
+        .iter()
+        .map(|r| r.statuses.values().sum::<u64>())
+        .sum();
     let mut result = LoadResult::new();
     let mut rss = vec![(0.0, rss_kib(envoy.pid()))];
     let started = Instant::now();
@@ -94,7 +100,11 @@ fn run(name: &str, options: EnvoyOptions, clusters: usize, rate: f64, seconds: u
             rss.last().map_or(0, |r| r.1)
         );
     }
-    std::thread::sleep(Duration::from_millis(600)); // the filter's counters flush on its tick
+    // the filter's counters are pushed on its ticks
+    if envoy.has_filter() {
+        let answered = warm_up_answered + result.statuses.values().sum::<u64>();
+        scenario::wait_for_filter_counters(&envoy, answered, &|line| println!("{line}"));
+    }
     let stats = envoy.stats();
     let tracked = (0..clusters)
         .filter(|i| stats.contains_key(&format!("wasmcustom.adaptive_hedge.requests_total.c{i}")))

@@ -259,22 +259,34 @@ fn parse_stats(body: &str) -> HashMap<String, i64> {
         .collect()
 }
 
-trait PinCpu {
-    fn pre_exec_cpu(&mut self, cpu: Option<usize>) -> &mut Self;
+pub trait ChildSetup {
+    fn pre_exec_setup(&mut self, cpu: Option<usize>) -> &mut Self;
 }
 
-impl PinCpu for Command {
-    /// Pins the child to one CPU (before exec, so Envoy's threads inherit it).
-    fn pre_exec_cpu(&mut self, cpu: Option<usize>) -> &mut Self {
+impl ChildSetup for Command {
+    /// Before exec: asks the kernel to kill the child when the thread that
+    /// started it ends (a test binary killed by a signal, or by CI's
+    /// timeout, runs no destructor; its Envoys kept their ports and CPU).
+    /// Every Envoy is started and stopped on one thread (a test's, or the
+    /// bench's main thread), so this never fires on a live one. Pins the
+    /// child to `cpu` too (Envoy's threads inherit it).
+    fn pre_exec_setup(&mut self, cpu: Option<usize>) -> &mut Self {
         use std::os::unix::process::CommandExt;
-        if let Some(cpu) = cpu {
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                self.pre_exec(move || {
+        // SAFETY: getpid is always safe.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            self.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // the parent may have died before the prctl took effect
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                if let Some(cpu) = cpu {
                     pin_current_thread(cpu);
-                    Ok(())
-                });
-            }
+                }
+                Ok(())
+            });
         }
         self
     }
@@ -421,7 +433,7 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
-            .pre_exec_cpu(opts.cpu)
+            .pre_exec_setup(opts.cpu)
             .spawn()
             .map_err(|e| {
                 format!(
@@ -515,6 +527,11 @@ impl Envoy {
     pub fn stats(&self) -> HashMap<String, i64> {
         let body = self.admin("/stats").map(|(_, b)| b).unwrap_or_default();
         parse_stats(&body)
+    }
+
+    /// Whether its configuration loads adaptive-hedge.
+    pub fn has_filter(&self) -> bool {
+        self.has_filter
     }
 
     /// One stat; `None` if Envoy has no such stat.
@@ -756,9 +773,13 @@ impl Drop for Envoy {
                 self.log()
             );
         }
-        // SAFETY: signalling our own child by its pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        // Only a child not yet reaped is still ours: the pid of one that
+        // exited early (and was waited for) may be another process's now.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child by its pid, not yet reaped.
+            unsafe {
+                libc::kill(self.child.id() as i32, libc::SIGTERM);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {

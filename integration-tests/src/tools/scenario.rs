@@ -269,6 +269,12 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
     }
     sim.settle(Duration::from_secs(5));
     sim.reset_counts();
+    // the warm-up's requests answered: the filter's counters must hold them
+    // (pushed on its ticks) before the count the run is measured from
+    let mut answered = plan.warmup;
+    if let (true, Some(e)) = (proxy.is_adaptive(), envoy.as_ref()) {
+        wait_for_filter_counters(e, answered, progress);
+    }
     let hedges_before = envoy.as_ref().map_or(0, |e| hedge_count(proxy, e));
     progress(&format!("  measuring: {:?}", plan.workload));
     let duration = match plan.workload {
@@ -278,6 +284,14 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         Workload::Closed { .. } => Duration::ZERO,
     };
     let done = AtomicBool::new(false);
+    // set however the load ends (a panic too), so the threads watching it
+    // stop and the scope can end
+    struct SetOnDrop<'a>(&'a AtomicBool);
+    impl Drop for SetOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let (results, timeline) = std::thread::scope(|scope| {
         // scheduled latency changes
         scope.spawn(|| {
@@ -299,6 +313,7 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
             }
         });
         let timeline = scope.spawn(|| sample_timeline(proxy, envoy.as_ref(), &done, progress));
+        let finished = SetOnDrop(&done);
         let results = match plan.workload {
             Workload::Closed { callers, requests } => {
                 vec![rt.block_on(load::closed_loop(
@@ -329,11 +344,15 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
                 Duration::from_secs(10),
             ))],
         };
-        done.store(true, Ordering::Relaxed);
+        drop(finished);
         (results, timeline.join().unwrap_or_default())
     });
-    if proxy.is_adaptive() {
-        std::thread::sleep(Duration::from_millis(600)); // one more tick flushes the filter's counters
+    answered += results
+        .iter()
+        .map(|r| r.statuses.values().sum::<u64>())
+        .sum::<u64>();
+    if let (true, Some(e)) = (proxy.is_adaptive(), envoy.as_ref()) {
+        wait_for_filter_counters(e, answered, progress);
     }
     let counts = sim.settle(Duration::from_secs(5));
     // per target: merge the URLs that belong to it
@@ -467,6 +486,40 @@ fn warm_up_learned(envoy: &Envoy, warmup: u64) -> bool {
 
 /// Extra attempts Envoy started: the filter's counter, or Envoy's retry
 /// counter for its own hedging.
+/// Waits (at most 5 s) until the filter's counters, pushed on its workers'
+/// ticks, hold the `answered` requests and every armed request settled
+/// (hedges sent or refunded): until then `hedges_sent_total` misses the
+/// last tick's. Reported, not fatal: a run is still worth its table.
+pub fn wait_for_filter_counters(envoy: &Envoy, answered: u64, progress: &(dyn Fn(&str) + Sync)) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = envoy.stats();
+        let all = |metric: &str| -> i64 {
+            let prefix = format!("wasmcustom.adaptive_hedge.{metric}");
+            stats
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(_, v)| *v)
+                .sum()
+        };
+        let counted = all("requests_total.")
+            + all("unconfirmed_requests_total")
+            + all("untracked_requests_total");
+        let settled = all("hedges_sent_total.") + all("hedges_refunded_total.");
+        if counted >= answered as i64 && settled >= all("hedges_armed_total.") {
+            return;
+        }
+        if Instant::now() > deadline {
+            progress(&format!(
+                "  the filter's counters still lag after 5 s: {counted} of {answered} requests, {settled} armed settled of {}",
+                all("hedges_armed_total.")
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
     let all = |metric: &str| -> i64 {
         envoy

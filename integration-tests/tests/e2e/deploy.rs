@@ -16,7 +16,7 @@ use crate::common::deploy::{
     MANIFESTS,
 };
 use adaptive_hedge::policy::config::Config;
-use integration_tests::harness::envoy::{self, repo_root, Envoy, EnvoyOptions};
+use integration_tests::harness::envoy::{self, repo_root, ChildSetup, Envoy, EnvoyOptions};
 use integration_tests::harness::RemoveOnDrop;
 use serde_norway::Value;
 
@@ -324,6 +324,7 @@ fn compose_services_work_natively() {
     let sim = ChildGuard(
         sim.args(["--model", "reference"])
             .stdout(Stdio::null())
+            .pre_exec_setup(None)
             .spawn()
             .expect("sim"),
     );
@@ -395,10 +396,18 @@ struct ChildGuard(std::process::Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its pid.
-        unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        // only a child not yet reaped is ours to signal
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: signalling our own child by its pid, not yet reaped.
+            unsafe {
+                libc::kill(self.0.id() as i32, libc::SIGTERM);
+            }
         }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
