@@ -622,6 +622,14 @@ impl Envoy {
             .join("\n")
     }
 
+    /// The log's last `lines` lines, for a report that outlives this Envoy
+    /// (its directory, log included, goes when it is dropped).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Envoy's log and wasm stats show no VM failure (a crashed filter under
     /// FAIL_OPEN would look like no filter at all), and the filter did start.
     pub fn assert_no_vm_failure(&self) {

@@ -55,6 +55,11 @@ fn client_errors(config: &str, plugin_config: Option<&str>, ports: &[u16]) -> (u
         assert!(armed >= 300, "the filter armed {armed}: {stats}");
     }
     envoy.assert_no_vm_failure();
+    // the caller's assertions come after this Envoy (and its log) are gone
+    let stats = format!(
+        "{stats}\n----- envoy log, last 30 lines -----\n{}",
+        envoy.log_tail(30)
+    );
     (run.sent - run.ok(), stats)
 }
 
@@ -316,7 +321,10 @@ fn ejections_in_a_brownout(
     assert!(ejections.is_some(), "outlier detection is not configured");
     (
         ejections.unwrap_or_default(),
-        format!("{report}; paced: {paced}"),
+        format!(
+            "{report}; paced: {paced}\n----- envoy log, last 30 lines -----\n{}",
+            envoy.log_tail(30)
+        ),
     )
 }
 
