@@ -12,6 +12,18 @@
 //! turned off). Keyed by cluster and route name: an unnamed route is not
 //! cached (its metadata is read on each request, as before).
 //!
+//! Envoy does not make route names unique: two virtual hosts (or two
+//! listeners served by one plugin) may each have a route `default` to one
+//! cluster, with different overrides. Cached under one key, one route's
+//! overrides served the other's requests for a second at a time (a route
+//! with `disabled: true` was armed). A name whose overrides go back to
+//! what they were before the last change within a minute of it (A, B, A:
+//! the two routes' requests take turns at each read; an xDS rollback comes
+//! later, as a rule) is taken for such a name: `ambiguous`, never cached
+//! again, and the caller treats the route as unnamed (a rollback within
+//! the minute costs the route its own delay and a read per request, no
+//! more).
+//!
 //! Plain Rust: the caller reads the property and says which tick it is.
 
 /// How long an entry is trusted before the property is read again (µs).
@@ -22,6 +34,9 @@ const FRESH_FOR_US: u64 = 1_000_000;
 pub fn fresh_ticks(tick_us: u64) -> u64 {
     FRESH_FOR_US.div_ceil(tick_us.max(1)).max(1)
 }
+/// A name whose overrides go back within this many seconds (of ticks:
+/// `fresh_ticks` a second) is ambiguous.
+const FLIP_BACK_SECONDS: u64 = 60;
 /// Routes a worker remembers; past it the stalest entry makes room.
 pub const MAX_ROUTES: usize = 64;
 
@@ -36,6 +51,12 @@ struct Entry {
     cluster: Box<[u8]>,
     route: Box<[u8]>,
     metadata: Box<[u8]>,
+    /// What the metadata was before its last change, and that change's
+    /// tick.
+    previous: Option<Box<[u8]>>,
+    changed_at_tick: u64,
+    /// Two routes share the name (see the module's documentation).
+    ambiguous: bool,
     read_at_tick: u64,
 }
 
@@ -57,25 +78,41 @@ impl RouteMetadataCache {
         self.entries
             .iter()
             .find(|e| *e.route == *route && *e.cluster == *cluster)
-            .filter(|e| tick.saturating_sub(e.read_at_tick) < self.fresh_ticks)
+            .filter(|e| !e.ambiguous && tick.saturating_sub(e.read_at_tick) < self.fresh_ticks)
             .map(|e| &*e.metadata)
     }
 
-    /// Keeps what the property said for the route at `tick`.
-    pub fn remember(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8], tick: u64) {
+    /// Keeps what the property said for the route at `tick`. Returns
+    /// whether the name is ambiguous, and whether it has just been found so
+    /// (to be said once).
+    pub fn remember(
+        &mut self,
+        cluster: &[u8],
+        route: &[u8],
+        metadata: &[u8],
+        tick: u64,
+    ) -> Ambiguity {
         if route.is_empty() {
-            return;
+            return Ambiguity::default();
         }
         if let Some(e) = self
             .entries
             .iter_mut()
             .find(|e| *e.route == *route && *e.cluster == *cluster)
         {
+            let was = e.ambiguous;
             if *e.metadata != *metadata {
-                e.metadata = metadata.into();
+                let flip_window = FLIP_BACK_SECONDS.saturating_mul(self.fresh_ticks);
+                e.ambiguous |= e.previous.as_deref() == Some(metadata)
+                    && tick.saturating_sub(e.changed_at_tick) <= flip_window;
+                e.previous = Some(std::mem::replace(&mut e.metadata, metadata.into()));
+                e.changed_at_tick = tick;
             }
             e.read_at_tick = tick;
-            return;
+            return Ambiguity {
+                ambiguous: e.ambiguous,
+                found_now: e.ambiguous && !was,
+            };
         }
         if self.entries.len() >= MAX_ROUTES {
             if let Some(stalest) = self
@@ -92,9 +129,20 @@ impl RouteMetadataCache {
             cluster: cluster.into(),
             route: route.into(),
             metadata: metadata.into(),
+            previous: None,
+            changed_at_tick: tick,
+            ambiguous: false,
             read_at_tick: tick,
         });
+        Ambiguity::default()
     }
+}
+
+/// What `remember` found of a route's name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ambiguity {
+    pub ambiguous: bool,
+    pub found_now: bool,
 }
 
 #[cfg(test)]
@@ -148,6 +196,43 @@ mod tests {
         assert_eq!(cache.get(b"b", b"r", 0), Some(&b"two"[..]));
         cache.remember(b"a", b"", b"three", 0);
         assert_eq!(cache.get(b"a", b"", 0), None);
+    }
+
+    /// One name, two routes of different overrides (two virtual hosts):
+    /// A, B, A is no xDS update; the name is never trusted again. A change
+    /// that stays (A, B, B) is an update.
+    #[test]
+    fn a_name_whose_overrides_flip_back_is_ambiguous() {
+        let mut cache = RouteMetadataCache::new(200_000);
+        let none = Ambiguity::default();
+        assert_eq!(cache.remember(b"c", b"default", b"", 0), none);
+        assert_eq!(cache.remember(b"c", b"default", b"off", 5), none);
+        assert_eq!(cache.remember(b"c", b"default", b"off", 10), none);
+        assert_eq!(cache.get(b"c", b"default", 10), Some(&b"off"[..]));
+        let found = cache.remember(b"c", b"default", b"", 15);
+        assert_eq!(
+            found,
+            Ambiguity {
+                ambiguous: true,
+                found_now: true
+            }
+        );
+        assert_eq!(cache.get(b"c", b"default", 15), None, "read every time");
+        let again = cache.remember(b"c", b"default", b"off", 16);
+        assert_eq!(
+            again,
+            Ambiguity {
+                ambiguous: true,
+                found_now: false
+            }
+        );
+        // another cluster's route of that name is its own
+        assert_eq!(cache.remember(b"d", b"default", b"off", 16), none);
+        // a rollback more than a minute after the change is an update
+        let minute = 60 * FRESH_TICKS;
+        assert_eq!(cache.remember(b"d", b"default", b"on", 20), none);
+        assert_eq!(cache.remember(b"d", b"default", b"off", 21 + minute), none);
+        assert_eq!(cache.get(b"d", b"default", 22 + minute), Some(&b"off"[..]));
     }
 
     #[test]

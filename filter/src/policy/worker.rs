@@ -800,9 +800,30 @@ impl Worker {
         self.route_metadata.get(cluster, route, self.ticks)
     }
 
-    pub fn remember_route_metadata(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8]) {
-        self.route_metadata
+    /// Keeps a route's overrides as read; returns whether its name is
+    /// shared by routes of different overrides (`route_metadata_cache`):
+    /// then the caller takes the route for unnamed, as the name cannot
+    /// tell them apart. Said once.
+    pub fn remember_route_metadata(
+        &mut self,
+        cluster: &[u8],
+        route: &[u8],
+        metadata: &[u8],
+    ) -> bool {
+        let found = self
+            .route_metadata
             .remember(cluster, route, metadata, self.ticks);
+        if found.found_now {
+            self.pending_log.push((
+                Level::Warn,
+                format!(
+                    "route \"{}\" of cluster \"{}\": routes of this name carry different overrides (in two virtual hosts or listeners); it is taken as unnamed: its overrides are read on each request and it learns no delay of its own. Give routes unique names",
+                    String::from_utf8_lossy(route),
+                    String::from_utf8_lossy(cluster)
+                ),
+            ));
+        }
+        found.ambiguous
     }
 
     /// Mixes `entropy` (the clock in ns) into the host choice's generator.

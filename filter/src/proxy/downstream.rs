@@ -199,6 +199,7 @@ impl<H: Host> DownstreamRequest<H> {
             (Some(c), Some(r), Ok(w)) => w.route_metadata(c, r).map(<[u8]>::to_vec),
             _ => None,
         };
+        let mut ambiguous = false;
         let overrides = match (cached, &cluster) {
             (Some(cached), _) => cached,
             (None, Some(c)) => {
@@ -211,13 +212,13 @@ impl<H: Host> DownstreamRequest<H> {
                 };
                 let read = read.unwrap_or_default();
                 if let (Some(r), Ok(mut w)) = (&route, worker.try_borrow_mut()) {
-                    w.remember_route_metadata(c, r, &read);
+                    ambiguous = w.remember_route_metadata(c, r, &read);
                 }
                 read
             }
             (None, None) => Vec::new(),
         };
-        let route = route.filter(|_| self.learns_routes || !overrides.is_empty());
+        let route = route.filter(|_| !ambiguous && (self.learns_routes || !overrides.is_empty()));
         #[cfg(feature = "fault-injection")]
         super::fault_injection::inject(
             &self.host,
@@ -1358,6 +1359,56 @@ mod tests {
         assert!(back.starts_with("armed"), "rolled back: {back}");
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("2"));
         assert_eq!(on_route(&off), "skipped; reason=disabled");
+    }
+
+    /// Two routes named `default` to one cluster (two virtual hosts), one
+    /// with no overrides, one turned off: once the name's overrides have
+    /// gone back and forth, each request is hedged by its own route's (read
+    /// each time), not by the other's cached under the shared name.
+    #[test]
+    fn one_route_name_on_two_routes_keeps_each_route_s_overrides() {
+        use crate::route_metadata::encode;
+        let (host, mut plugin) = warmed(r#"{"debug_header": true}"#);
+        let off = encode(&serde_json::json!({"disabled": true}));
+        let send = |plugin: &Plugin<FakeHost>, overrides: Option<&[u8]>| {
+            host.request(Some("backend"), GET);
+            host.set_property(ROUTE_NAME, b"default");
+            if let Some(o) = overrides {
+                host.set_property(ROUTE_OVERRIDES, o);
+            }
+            let mut r = request(plugin);
+            r.on_request_headers();
+            host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            r.on_response_headers(false);
+            r.on_log();
+            host.response_header_text(DEBUG_HEADER).unwrap_or_default()
+        };
+        let expire = |plugin: &mut Plugin<FakeHost>| {
+            for _ in 0..crate::route_metadata_cache::fresh_ticks(200_000) {
+                plugin.on_tick();
+            }
+        };
+        // the public route's read, then the internal one's, then the
+        // public one's again: the name's overrides went back
+        assert!(send(&plugin, None).starts_with("armed"));
+        expire(&mut plugin);
+        assert_eq!(send(&plugin, Some(&off)), "skipped; reason=disabled");
+        expire(&mut plugin);
+        assert!(send(&plugin, None).starts_with("armed"));
+        // within the same second, each its own
+        for _ in 0..3 {
+            assert_eq!(send(&plugin, Some(&off)), "skipped; reason=disabled");
+            assert!(send(&plugin, None).starts_with("armed"));
+        }
+        plugin.on_tick();
+        let warned = host
+            .state()
+            .log
+            .iter()
+            .filter(|(_, l)| l.contains("routes of this name carry different overrides"))
+            .count();
+        assert_eq!(warned, 1);
     }
 
     /// Outlier detection with the local-origin split counts each fired
