@@ -122,6 +122,14 @@ mod tests {
         assert_eq!(h.method, b"GET");
         assert!(h.client_controls);
 
+        // a client's timeouts-as-204 would hide its timeouts from outlier
+        // detection (found by a review)
+        let buf = serialise(&[
+            (":method", "GET"),
+            ("x-envoy-upstream-rq-timeout-alt-response", "true"),
+        ]);
+        assert!(scan(&buf, E).unwrap().client_controls);
+
         let buf = serialise(&[(":method", "POST"), ("x-request-id", "1")]);
         let h = scan(&buf, E).unwrap();
         assert_eq!(h.method, b"POST");

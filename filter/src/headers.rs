@@ -26,10 +26,12 @@ pub const TIMEOUT_ALT_RESPONSE: &str = "x-envoy-upstream-rq-timeout-alt-response
 pub const RETRIABLE_STATUS_CODES: &str = "x-envoy-retriable-status-codes";
 pub const RETRIABLE_HEADER_NAMES: &str = "x-envoy-retriable-header-names";
 
-/// Every request header that can make Envoy send more than one attempt.
-/// A client never sets them: the filter removes each one it sent (then
-/// writes its own on an armed request).
-pub const CONTROL_HEADERS: [&str; 7] = [
+/// Every request header that can make Envoy send more than one attempt,
+/// and the timeouts' 204 (a client's would turn its timeouts into
+/// successes to outlier detection, which the operator's ejections then
+/// miss). A client never sets them: the filter removes each one it sent
+/// (then writes its own on an armed request).
+pub const CONTROL_HEADERS: [&str; 8] = [
     PER_TRY_TIMEOUT,
     HEDGE_ON_PER_TRY_TIMEOUT,
     MAX_RETRIES,
@@ -37,6 +39,7 @@ pub const CONTROL_HEADERS: [&str; 7] = [
     RETRY_GRPC_ON,
     RETRIABLE_STATUS_CODES,
     RETRIABLE_HEADER_NAMES,
+    TIMEOUT_ALT_RESPONSE,
 ];
 
 /// Set by the downstream role on the requests it arms when `latency_signal`

@@ -929,7 +929,7 @@ impl Config {
         }
         if config.trust_client_headers {
             warnings.push(
-                "trust_client_headers is on: clients can switch on retries and hedges themselves"
+                "trust_client_headers is on: clients can switch on retries and hedges themselves, and name the host (the host header is no x-envoy-* header: Envoy strips it from no client, and the override_host policy ignores health)"
                     .into(),
             );
         }

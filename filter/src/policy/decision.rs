@@ -51,6 +51,13 @@ pub struct Request<'a> {
     pub client_marker: bool,
     /// The client sent the host header (`host_header`).
     pub client_endpoint: bool,
+    /// A body follows the headers. Envoy starts the per-try timer when the
+    /// request is complete, not at its headers: with a body sent slowly
+    /// (an upload, a search query streamed in chunks) a deadline counted
+    /// from the headers fired where no timer had, and such requests timed
+    /// their upload as latency. A unary gRPC call's message follows its
+    /// headers at once.
+    pub body_follows: bool,
 }
 
 impl Request<'_> {
@@ -66,7 +73,15 @@ impl Request<'_> {
         client_controls: true,
         client_marker: true,
         client_endpoint: true,
+        body_follows: false,
     };
+
+    /// Whether Envoy's per-try timer starts about when the filter sees the
+    /// headers (see `body_follows`): only then is a deadline counted from
+    /// them, and the response timed as a latency sample.
+    pub fn timed_from_headers(&self) -> bool {
+        !self.body_follows || self.grpc
+    }
 }
 
 /// A cluster handle the HTTP context keeps between callbacks.
@@ -534,7 +549,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     strip.endpoint &= hosts.is_none() && !client_chose;
     let (pick, endpoint) = hosts.unzip();
     let deadline_ns = match (&decision, tracked.and_then(|view| view.now_ns)) {
-        (Decision::Arm(a), Some(now)) if !a.shadow => {
+        (Decision::Arm(a), Some(now)) if !a.shadow && request.timed_from_headers() => {
             Some(now.saturating_add(a.per_try_timeout_ms.saturating_mul(1_000_000)))
         }
         _ => None,
@@ -547,8 +562,11 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         cohort: tracked.map_or(0, |view| view.budget.cohort()),
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
-        sample: tracked
-            .is_some_and(|view| view.sample_turn && in_sample_population(request, view.policy)),
+        sample: tracked.is_some_and(|view| {
+            view.sample_turn
+                && in_sample_population(request, view.policy)
+                && request.timed_from_headers()
+        }),
         hosts: pick,
         endpoint,
         deadline_ns,
@@ -684,6 +702,7 @@ mod tests {
         client_controls: false,
         client_marker: false,
         client_endpoint: false,
+        body_follows: false,
     };
 
     /// Plans `request` for a tracked cluster with `policy`, `delay` and
@@ -1285,6 +1304,43 @@ mod tests {
         assert_eq!(two.deadline_ns, None);
     }
 
+    /// A GET whose body follows its headers is armed (Envoy buffers the
+    /// body for the hedge), but Envoy's per-try timer starts only once the
+    /// body is in: no deadline counted from the headers, and no latency
+    /// sample (its time holds the upload). A unary gRPC call's message
+    /// comes at once.
+    #[test]
+    fn a_request_with_a_body_keeps_no_deadline_and_is_no_sample() {
+        let policy = ClusterPolicy {
+            idempotent_grpc_methods: vec!["/demo.Echo/Get".into()],
+            ..Default::default()
+        };
+        let budget = funded(&policy);
+        let view = || ClusterView {
+            now_ns: Some(1_000_000),
+            ..view_of(&policy, &budget)
+        };
+        let search = Request {
+            body_follows: true,
+            ..GET
+        };
+        let p = plan(&search, &Config::default(), Cluster::Tracked(view()));
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert_eq!(p.deadline_ns, None);
+        assert!(!p.sample);
+        let call = Request {
+            method: b"POST",
+            path: b"/demo.Echo/Get",
+            grpc: true,
+            body_follows: true,
+            ..GET
+        };
+        let p = plan(&call, &Config::default(), Cluster::Tracked(view()));
+        assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
+        assert_eq!(p.deadline_ns, Some(1_000_000 + 8_000_000));
+        assert!(p.sample);
+    }
+
     #[test]
     fn an_armed_request_names_its_host_then_the_hedge_s() {
         let hosts = three_hosts();
@@ -1314,6 +1370,7 @@ mod tests {
         let hosts = three_hosts();
         let sent = Request {
             client_endpoint: true,
+            body_follows: false,
             ..GET
         };
         // overwritten by the choice; removed when there is none

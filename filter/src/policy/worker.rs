@@ -2757,6 +2757,7 @@ mod tests {
         client_controls: false,
         client_marker: false,
         client_endpoint: false,
+        body_follows: false,
     };
 
     /// Feeds `n` requests with latency `us` through a worker, as the proxy

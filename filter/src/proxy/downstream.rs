@@ -656,7 +656,7 @@ impl<H: Host> DownstreamRequest<H> {
 }
 
 impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
-    fn on_request_headers(&mut self) -> Action {
+    fn on_request_headers(&mut self, end_of_stream: bool) -> Action {
         if !self.placement.in_place(&mut self.host) {
             return Action::Continue;
         }
@@ -678,6 +678,10 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
                 )
             })
             .unwrap_or(Request::UNREADABLE);
+        let request = Request {
+            body_follows: !end_of_stream,
+            ..request
+        };
         self.plan_and_carry_out(&request);
         Action::Continue
     }
@@ -828,7 +832,7 @@ mod tests {
             host.set_property(ROUTE_NAME, route.as_bytes());
         }
         let mut r = request(plugin);
-        assert_eq!(r.on_request_headers(), Action::Continue);
+        assert_eq!(r.on_request_headers(true), Action::Continue);
         host.advance_ms(latency_ms);
         host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
         host.set_property(ATTEMPT_COUNT, &attempts.to_le_bytes());
@@ -856,7 +860,7 @@ mod tests {
             let name = format!("made-up-{i}");
             host.request(Some(&name), GET);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             host.set_property(RESPONSE_CODE_DETAILS, b"cluster_not_found");
             r.on_response_headers(true);
             r.on_log();
@@ -952,7 +956,7 @@ mod tests {
         host.request(Some("backend"), GET);
         host.set_property(UPSTREAM_ADDRESS, b"127.0.0.1:8081");
         let mut r = request(&misplaced);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert!(host.logged("Requests pass through untouched"));
         assert!(!host.logged("taken up"));
         // and a copy in its place takes them up at its first request
@@ -976,7 +980,7 @@ mod tests {
             for _ in 0..200 {
                 host.request(Some("backend"), GET);
                 let mut r = request(&plugin);
-                r.on_request_headers();
+                r.on_request_headers(true);
                 host.respond(&[(":status", "503")]);
                 host.set_property(RESPONSE_CODE_DETAILS, details);
                 host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
@@ -1013,7 +1017,7 @@ mod tests {
         let (host, plugin) = warmed(r#"{"debug_header": true}"#);
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         let set: Vec<String> = host
             .state()
             .calls
@@ -1054,7 +1058,7 @@ mod tests {
         exchange(&host, &plugin, GET, 9, 2); // hedged
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         r.on_log(); // no attempt count: paid as sent
         plugin.on_tick();
         assert_eq!(stat(&host, "hedges_armed_total"), 3);
@@ -1097,7 +1101,7 @@ mod tests {
         let (host, plugin) = warmed(r#"{"route_retries": 2}"#);
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("2"));
     }
 
@@ -1106,7 +1110,7 @@ mod tests {
         let (host, mut plugin) = warmed("{}");
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
         host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
         r.on_response_headers(false);
@@ -1130,7 +1134,7 @@ mod tests {
         host.fail(&format!("set_request_header {MAX_RETRIES}"));
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         // the marker and the hedge header went in before the failure: gone again
         let s = host.state();
         assert!(
@@ -1166,7 +1170,7 @@ mod tests {
             &[(":method", "GET"), (RETRIABLE_HEADER_NAMES, "x-a")],
         );
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES), None);
         assert_eq!(host.request_header_text(PER_TRY_TIMEOUT), None);
         assert!(r.settlement.is_some(), "settled on the attempts made");
@@ -1193,7 +1197,7 @@ mod tests {
             (RETRIABLE_HEADER_NAMES, "content-type"),
         ];
         host.request(Some("backend"), &hostile);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         let left: Vec<String> = host
             .state()
             .request_headers
@@ -1205,7 +1209,7 @@ mod tests {
         let mut get = hostile;
         get[0] = (":method", "GET");
         host.request(Some("backend"), &get);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
         assert_ne!(
             host.request_header_text(PER_TRY_TIMEOUT).as_deref(),
@@ -1275,7 +1279,7 @@ mod tests {
             host.set_property(ROUTE_NAME, route.as_bytes());
             host.set_property(ROUTE_OVERRIDES, &encode(&overrides));
             let mut r = request(plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             let armed = host.request_header_text(MAX_RETRIES);
             host.advance_ms(latency_ms);
             host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
@@ -1339,7 +1343,7 @@ mod tests {
                 host.set_property(ROUTE_NAME, b"export");
                 host.set_property(ROUTE_OVERRIDES, &encode(overrides));
                 let mut r = request(&plugin);
-                r.on_request_headers();
+                r.on_request_headers(true);
                 host.advance_ms(1 + i % 3); // all before the delay
                 host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
                 host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
@@ -1377,7 +1381,7 @@ mod tests {
                 host.set_property(ROUTE_OVERRIDES, o);
             }
             let mut r = request(plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
             host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
             r.on_response_headers(false);
@@ -1411,6 +1415,31 @@ mod tests {
         assert_eq!(warned, 1);
     }
 
+    /// Requests whose body is still coming (an upload) are armed, but a
+    /// per-try timer Envoy has not started yet is no timeout fired: two of
+    /// them past their delay, counted from the headers, pace nothing.
+    #[test]
+    fn requests_still_sending_their_body_pace_nothing() {
+        let (host, plugin) = warmed(r#"{"debug_header": true}"#);
+        let start = |host: &FakeHost, end_of_stream: bool| {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers(end_of_stream);
+            r
+        };
+        let decision = |r: &DownstreamRequest<FakeHost>| {
+            r.decision
+                .as_ref()
+                .map(Decision::describe)
+                .unwrap_or_default()
+        };
+        let uploads = [start(&host, false), start(&host, false)];
+        assert!(uploads.iter().all(|r| decision(r).starts_with("armed")));
+        host.advance_ms(20); // past the ~5 ms delay, counted from the headers
+        let next = start(&host, true);
+        assert!(decision(&next).starts_with("armed"), "{}", decision(&next));
+    }
+
     /// Outlier detection with the local-origin split counts each fired
     /// per-try timeout as a failure: a worker arms no more while two of its
     /// armed requests are past their delay, and arms again once one ends.
@@ -1420,7 +1449,7 @@ mod tests {
         let start = |host: &FakeHost, plugin: &Plugin<FakeHost>| {
             host.request(Some("backend"), GET);
             let mut r = request(plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             r
         };
         let mut first = start(&host, &plugin);
@@ -1468,24 +1497,24 @@ mod tests {
             host.set_property(ROUTE_NAME, b"r");
         };
         on_route(&host);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         // the cluster, the route's name, its overrides (it has none)
         assert_eq!(host.calls_to("property"), 3, "{:?}", host.state().calls);
         on_route(&host);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         // the overrides are known
         assert_eq!(host.calls_to("property"), 2, "{:?}", host.state().calls);
         for _ in 0..crate::route_metadata_cache::fresh_ticks(200_000) {
             plugin.on_tick();
         }
         on_route(&host);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.calls_to("property"), 3, "read again");
         // an unnamed route's are read each time
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.calls_to("property"), 3, "{:?}", host.state().calls);
     }
 
@@ -1498,14 +1527,14 @@ mod tests {
         host.fail("property xds.route_metadata.filter_metadata.adaptive_hedge");
         host.request(Some("backend"), GET);
         host.set_property(ROUTE_NAME, b"r");
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.request_header_text(PER_TRY_TIMEOUT), None);
         plugin.on_tick();
         assert!(host.logged("cannot be read"), "{:?}", host.state().log);
         host.state_mut().failing.clear();
         host.request(Some("backend"), GET);
         host.set_property(ROUTE_NAME, b"r");
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some());
     }
 
@@ -1513,7 +1542,7 @@ mod tests {
     fn nothing_to_remove_costs_no_host_call() {
         let (host, plugin) = warmed("{}");
         host.request(Some("backend"), &[(":method", "POST")]);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.calls_to("remove_request_header"), 0);
         assert_eq!(host.calls_to("set_request_header"), 0);
         // the headers, the cluster, the route's overrides and its name, the
@@ -1521,7 +1550,7 @@ mod tests {
         assert_eq!(host.state().calls.len(), 5, "{:?}", host.state().calls);
         // a GET's turn to be a sample costs a clock read
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.calls_to("now_ns"), 1);
     }
 
@@ -1539,7 +1568,7 @@ mod tests {
                 (FIRST_BYTE_MARKER, "1"),
             ],
         );
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("5"));
         assert_eq!(host.request_header_text(FIRST_BYTE_MARKER), None);
         assert_eq!(host.calls_to("set_request_header"), 0);
@@ -1550,7 +1579,7 @@ mod tests {
         let (host, plugin) = warmed("{}");
         host.fail("request_header_pairs");
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.calls_to("set_request_header"), 0);
         assert_eq!(
             host.calls_to("remove_request_header"),
@@ -1565,7 +1594,7 @@ mod tests {
         host.fail("property xds.cluster_name");
         host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "3")]);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES), None);
         r.on_response_headers(true);
         assert_eq!(
@@ -1584,7 +1613,7 @@ mod tests {
         ] {
             host.request(Some("backend"), GET);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             host.advance_ms(50);
             host.set_property(RESPONSE_CODE_DETAILS, origin);
             r.on_response_headers(false);
@@ -1593,7 +1622,7 @@ mod tests {
         // a clock that fails: no sample either
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         host.fail("now_ns");
         r.on_response_headers(false);
         host.state_mut().failing.clear();
@@ -1610,7 +1639,7 @@ mod tests {
         confirm_backend(&host, &plugin);
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
         host.advance_ms(1);
         r.on_response_headers(false); // headers at once: not the sample
@@ -1627,7 +1656,7 @@ mod tests {
         }
         plugin.on_tick();
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(
             host.request_header_text(FIRST_BYTE_MARKER).as_deref(),
             Some("1")
@@ -1644,7 +1673,7 @@ mod tests {
         for _ in 0..60 {
             host.request(Some("backend"), GET);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
             host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
             r.on_response_headers(false);
@@ -1669,7 +1698,7 @@ mod tests {
     ) {
         host.request(Some("backend"), GET);
         let mut r = request(plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         host.advance_ms(headers_ms);
         host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
         host.set_property(ATTEMPT_COUNT, &attempts.to_le_bytes());
@@ -1721,7 +1750,7 @@ mod tests {
         for i in 0..60 {
             host.request(Some("backend"), GET);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             let address = match host.request_header_text(ENDPOINT_HEADER) {
                 Some(named) => named.split(',').next().unwrap_or_default().to_string(),
                 None => format!("10.0.0.{}:80", i % 3),
@@ -1777,7 +1806,7 @@ mod tests {
             let worker = r.worker.clone().unwrap();
             let _busy = worker.borrow_mut();
             host.request(Some("backend"), &[(":method", "GET"), (MAX_RETRIES, "5")]);
-            r.on_request_headers();
+            r.on_request_headers(true);
             assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), kept);
             assert_eq!(host.calls_to("set_request_header"), 0);
         }
@@ -1786,7 +1815,7 @@ mod tests {
         let worker = r.worker.clone().unwrap();
         let busy = worker.borrow_mut();
         host.request(Some("backend"), GET);
-        r.on_request_headers();
+        r.on_request_headers(true);
         drop(busy);
         r.on_response_headers(true);
         assert_eq!(
@@ -1804,7 +1833,7 @@ mod tests {
     ) -> Option<(DownstreamRequest<FakeHost>, Vec<String>)> {
         host.request(Some("backend"), GET);
         let mut r = request(plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         let endpoint = host
             .request_header_text(ENDPOINT_HEADER)
             .unwrap_or_default();
@@ -1848,7 +1877,7 @@ mod tests {
     ) -> Option<String> {
         host.request(Some("backend"), headers);
         let mut r = request(plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         let written = host.request_header_text(ENDPOINT_HEADER);
         let address = written
             .as_deref()
@@ -1965,7 +1994,7 @@ mod tests {
         assert!(written.is_some_and(|w| !w.contains("10.0.0.2")));
         // ...and removed when it does not (no cluster to choose in)
         host.request(None, &sent);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert_eq!(host.request_header_text(ENDPOINT_HEADER), None);
     }
 
@@ -1995,7 +2024,7 @@ mod tests {
         // the route's overrides are read once a second, not per request
         host.request(Some("backend"), GET);
         host.set_property(ROUTE_NAME, b"default");
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         // four chosen requests in a row: one reads which host answered
         let mut chosen = Vec::new();
         let mut tries = 0;
@@ -2005,7 +2034,7 @@ mod tests {
             host.request(Some("backend"), GET);
             host.set_property(ROUTE_NAME, b"default");
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             let request_calls = std::mem::take(&mut host.state_mut().calls);
             let Some(endpoint) = host.request_header_text(ENDPOINT_HEADER) else {
                 r.on_log(); // explored: the balancer's pick; try again
@@ -2071,7 +2100,7 @@ mod tests {
         let respond = |headers: &[(&str, &str)], details: Option<&[u8]>| {
             host.request(Some("backend"), GET);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             host.respond(headers);
             if let Some(details) = details {
                 host.set_property(RESPONSE_CODE_DETAILS, details);
@@ -2131,7 +2160,7 @@ mod tests {
             |request_headers: &[(&str, &str)], response: &[(&str, &str)], details: &[u8]| {
                 host.request(Some("backend"), request_headers);
                 let mut r = request(&plugin);
-                r.on_request_headers();
+                r.on_request_headers(true);
                 let armed = host
                     .request_header_text(TIMEOUT_ALT_RESPONSE)
                     .is_some_and(|v| v == "true");
@@ -2185,7 +2214,7 @@ mod tests {
         // the 204 is best effort: a failed write leaves the request armed
         host.fail(&format!("set_request_header {TIMEOUT_ALT_RESPONSE}"));
         host.request(Some("backend"), GET);
-        request(&plugin).on_request_headers();
+        request(&plugin).on_request_headers(true);
         assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some());
         assert_eq!(host.request_header_text(TIMEOUT_ALT_RESPONSE), None);
     }
@@ -2199,7 +2228,7 @@ mod tests {
         let asks = |plugin: &Plugin<FakeHost>| {
             host.request(Some("backend"), GET);
             let mut r = request(plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             assert!(host.request_header_text(PER_TRY_TIMEOUT).is_some(), "armed");
             let asks = host.request_header_text(TIMEOUT_ALT_RESPONSE).is_some();
             r.on_log();
@@ -2236,7 +2265,7 @@ mod tests {
         for _ in 0..20 {
             host.request(Some("backend"), &sent);
             let mut r = request(&plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             assert_eq!(host.request_header_text(ENDPOINT_HEADER), None);
             r.on_log();
         }
@@ -2253,7 +2282,7 @@ mod tests {
         let sent_before = stat(&host, "hedges_sent_total");
         host.request(Some("backend"), GET);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(host.request_header_text(MAX_RETRIES).as_deref(), Some("1"));
         host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
         r.on_log();
@@ -2265,7 +2294,7 @@ mod tests {
         let before = errors(&mut plugin);
         host.request(Some("backend"), &[(":method", "POST"), (MAX_RETRIES, "5")]);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         r.on_log();
         assert_eq!(errors(&mut plugin) - before, 1);
     }
@@ -2276,7 +2305,7 @@ mod tests {
         let sent = [(":method", "GET"), (ENDPOINT_HEADER, "10.0.0.2:80")];
         host.request(Some("backend"), &sent);
         let mut r = request(&plugin);
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(
             host.request_header_text(ENDPOINT_HEADER).as_deref(),
             Some("10.0.0.2:80"),
@@ -2357,7 +2386,7 @@ mod tests {
         let mut stream = |host: &FakeHost, plugin: &Plugin<FakeHost>| {
             host.request(Some("backend"), GET);
             let mut r = request(plugin);
-            r.on_request_headers();
+            r.on_request_headers(true);
             let endpoint = host.request_header_text(ENDPOINT_HEADER);
             round_robin += 1;
             let fallback = format!("10.0.0.{}:80", round_robin % 3);

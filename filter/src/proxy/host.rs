@@ -20,7 +20,8 @@ pub enum Action {
 /// The callbacks of one HTTP stream's context (a request downstream, an
 /// attempt upstream); each answers as Envoy's would, by default `Continue`.
 pub trait StreamCallbacks {
-    fn on_request_headers(&mut self) -> Action;
+    /// `end_of_stream`: the request has no body (or it came whole).
+    fn on_request_headers(&mut self, end_of_stream: bool) -> Action;
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action;
     fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action;
     fn on_response_trailers(&mut self) -> Action {

@@ -337,7 +337,7 @@ mod tests {
         let Stream::Downstream(mut r) = plugin.stream() else {
             panic!("wrong role")
         };
-        r.on_request_headers();
+        r.on_request_headers(true);
         host.set_property(b"response\0code_details", b"via_upstream");
         r.on_response_headers(true);
     }
@@ -543,7 +543,7 @@ mod tests {
         let Stream::Downstream(mut r) = plugin.stream() else {
             panic!("wrong role")
         };
-        assert_eq!(r.on_request_headers(), Action::Continue);
+        assert_eq!(r.on_request_headers(true), Action::Continue);
         assert!(host.logged("running as an upstream filter"));
         assert_eq!(host.calls_to("request_header_pairs"), 0);
         // checked once per VM: the next request does not ask again
@@ -551,7 +551,7 @@ mod tests {
         let Stream::Downstream(mut r) = plugin.stream() else {
             panic!("wrong role")
         };
-        r.on_request_headers();
+        r.on_request_headers(true);
         assert_eq!(host.state().calls.len(), 0);
     }
 }

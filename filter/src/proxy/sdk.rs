@@ -74,8 +74,8 @@ impl<S: StreamCallbacks> Context for Http<S> {
 }
 
 impl<S: StreamCallbacks> HttpContext for Http<S> {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> SdkAction {
-        sdk(self.0.on_request_headers())
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
+        sdk(self.0.on_request_headers(end_of_stream))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {

@@ -44,7 +44,7 @@ impl<H: Host> UpstreamAttempt<H> {
 }
 
 impl<H: Host> StreamCallbacks for UpstreamAttempt<H> {
-    fn on_request_headers(&mut self) -> Action {
+    fn on_request_headers(&mut self, _end_of_stream: bool) -> Action {
         if !self.placement.in_place(&mut self.host) {
             return Action::Continue;
         }
@@ -116,7 +116,7 @@ mod tests {
         let Stream::Upstream(mut a) = plugin.stream() else {
             panic!("an upstream plugin made a downstream context");
         };
-        assert_eq!(a.on_request_headers(), Action::Continue);
+        assert_eq!(a.on_request_headers(true), Action::Continue);
         a
     }
 
@@ -250,7 +250,7 @@ mod tests {
         let Stream::Upstream(mut a) = plugin.stream() else {
             panic!("wrong role");
         };
-        a.on_request_headers();
+        a.on_request_headers(true);
         respond(&host, "200");
         assert_eq!(a.on_response_headers(false), Action::Continue);
         assert!(host.logged("running in the HTTP connection manager's filter chain"));

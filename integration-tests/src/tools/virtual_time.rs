@@ -254,6 +254,7 @@ const GET: Request = Request {
     client_controls: false,
     client_marker: false,
     client_endpoint: false,
+    body_follows: false,
 };
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
