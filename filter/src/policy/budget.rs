@@ -452,8 +452,14 @@ const RATE_GAP_MS: u64 = 60_000;
 
 /// Refused shares above this are the delay's fault, not noise.
 const REFUSALS_TOLERATED: f64 = 0.02;
-/// How fast the pressure follows the refused share, per tick.
+/// How fast the pressure follows the refused share, per judgement of a
+/// `PRESSURE_TICK_US` tick (a longer or shorter tick scales it).
 const PRESSURE_GAIN: f64 = 0.5;
+/// The tick the gain is for (the default `sync_interval`). Until
+/// 2026-11-29 the gain was per tick of any length: at a `sync_interval` of
+/// 10 s the pressure eased from full in 15 minutes, not 18 s, and the
+/// guard held the delay near the p99.4 all that time (found by a review).
+const PRESSURE_TICK_US: f64 = 200_000.0;
 /// The most the pressure can be: the guard never goes past the top 1%.
 const MAX_PRESSURE: f64 = 0.9;
 /// Eligible requests a tick needs for its refused share to count.
@@ -487,18 +493,18 @@ impl RefusalPressure {
         self.refused = self.refused.saturating_add(u32::from(refused));
     }
 
-    /// On the tick: follows the refused share of the requests counted
-    /// since it last judged (a tick's, or at a low rate as many ticks' as
-    /// hold `PRESSURE_MIN_REQUESTS`).
-    pub fn tick(&mut self) {
+    /// On the tick (`tick_us` long): follows the refused share of the
+    /// requests counted since it last judged (a tick's, or at a low rate as
+    /// many ticks' as hold `PRESSURE_MIN_REQUESTS`).
+    pub fn tick(&mut self, tick_us: u64) {
         if self.eligible < PRESSURE_MIN_REQUESTS {
             return;
         }
         let share = f64::from(self.refused) / f64::from(self.eligible);
         self.eligible = 0;
         self.refused = 0;
-        self.value =
-            (self.value + PRESSURE_GAIN * (share - REFUSALS_TOLERATED)).clamp(0.0, MAX_PRESSURE);
+        let gain = PRESSURE_GAIN * tick_us as f64 / PRESSURE_TICK_US;
+        self.value = (self.value + gain * (share - REFUSALS_TOLERATED)).clamp(0.0, MAX_PRESSURE);
     }
 
     pub fn value(&self) -> f64 {
@@ -510,6 +516,50 @@ impl RefusalPressure {
 mod tests {
     use super::*;
 
+    /// Full pressure eases in about 18 s whatever the tick: 90 ticks of
+    /// 200 ms, 2 of 10 s, 1,800 of 10 ms.
+    #[test]
+    fn the_pressure_eases_in_the_same_time_at_any_tick() {
+        for tick_us in [10_000u64, 200_000, 10_000_000] {
+            // a second of refusals: full pressure
+            let up = 1_000_000u64.div_ceil(tick_us);
+            let mut p = RefusalPressure::default();
+            for _ in 0..up {
+                for _ in 0..100 {
+                    p.count(true);
+                }
+                p.tick(tick_us);
+            }
+            assert_eq!(p.value(), MAX_PRESSURE, "{tick_us}");
+            let ticks = 18_000_000u64.div_ceil(tick_us);
+            for _ in 0..ticks {
+                for _ in 0..100 {
+                    p.count(false);
+                }
+                p.tick(tick_us);
+            }
+            assert!(p.value() < 0.01, "{tick_us}: {}", p.value());
+            let mut half = RefusalPressure::default();
+            for _ in 0..up {
+                for _ in 0..100 {
+                    half.count(true);
+                }
+                half.tick(tick_us);
+            }
+            for _ in 0..ticks / 2 {
+                for _ in 0..100 {
+                    half.count(false);
+                }
+                half.tick(tick_us);
+            }
+            assert!(
+                (0.3..0.6).contains(&half.value()),
+                "{tick_us}: {}",
+                half.value()
+            );
+        }
+    }
+
     #[test]
     fn refusals_raise_the_pressure_at_once_and_it_eases_slowly() {
         let mut p = RefusalPressure::default();
@@ -517,7 +567,7 @@ mod tests {
             for i in 0..eligible {
                 p.count(i < refused);
             }
-            p.tick();
+            p.tick(200_000);
             p.value()
         };
         // ordinary noise: a refusal in a hundred changes nothing

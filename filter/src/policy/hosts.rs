@@ -1068,7 +1068,11 @@ impl OverrideCheck {
     /// is found to ignore the header (to log it once).
     pub fn tick(&mut self, now_ms: u64) -> bool {
         if let Some(since) = self.ignored_since_ms {
-            if now_ms.saturating_sub(since) >= OVERRIDE_RETRY_MS {
+            // or since a time ahead of the clock (set back): checked again
+            // now, not when the clock has caught up
+            if now_ms.saturating_sub(since) >= OVERRIDE_RETRY_MS
+                || since > now_ms.saturating_add(CLOCK_SLACK_MS)
+            {
                 *self = OverrideCheck {
                     logged: self.logged,
                     ..OverrideCheck::default()

@@ -389,12 +389,9 @@ pub fn parse_admin_clusters(
     let mut clusters: BTreeMap<String, Vec<Member>> = BTreeMap::new();
     let text = String::from_utf8_lossy(text);
     for line in text.lines() {
-        let Some((cluster, rest)) = line.split_once("::") else {
+        let Some((cluster, rest)) = wanted_cluster(line, &wanted) else {
             continue;
         };
-        if !wanted(cluster) {
-            continue;
-        }
         let Some((head, value)) = rest.rsplit_once("::") else {
             continue;
         };
@@ -474,10 +471,20 @@ pub fn parse_outlier_detection(
 ) -> BTreeMap<String, OutlierDetection> {
     let text = String::from_utf8_lossy(text);
     text.lines()
-        .filter_map(|line| line.split_once("::"))
-        .filter(|(cluster, rest)| rest.starts_with("outlier::") && wanted(cluster))
+        .filter_map(|line| wanted_cluster(line, &|c: &str| wanted(c)))
+        .filter(|(_, rest)| rest.starts_with("outlier::"))
         .map(|(cluster, _)| (cluster.to_string(), OutlierDetection::On))
         .collect()
+}
+
+/// A line's cluster, among the `wanted`, and the rest after its `::`. A
+/// cluster's name may hold `::` itself (Envoy allows it): each `::` is
+/// tried from the left, and the first name wanted is taken (before, a
+/// cluster `a::b` was read as `a`, and never found).
+fn wanted_cluster<'a>(line: &'a str, wanted: &dyn Fn(&str) -> bool) -> Option<(&'a str, &'a str)> {
+    line.match_indices("::")
+        .filter_map(|(at, _)| Some((line.get(..at)?, line.get(at + 2..)?)))
+        .find(|(cluster, _)| wanted(cluster))
 }
 
 /// The size, about (a character a node, two per alternative and the
@@ -763,6 +770,18 @@ c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
             crate::policy::window::WindowGeometry::new(std::time::Duration::from_secs(30));
         let key = crate::policy::shared_state::membership_key(geometry);
         assert!(key.ends_with(&format!("_v{VERSION}")), "{key}");
+    }
+
+    /// Envoy allows `::` in a cluster's name: the name wanted is found
+    /// whole (the read asks Envoy for the wanted names alone).
+    #[test]
+    fn a_cluster_name_holding_colons_is_read_whole() {
+        let text = "a::b::10.0.0.1:80::weight::2\na::b::[::1]:80::weight::3\na::b::outlier::success_rate_average::-1\n";
+        let clusters = parse_admin_clusters(text.as_bytes(), |c| c == "a::b");
+        let weights: Vec<u32> = clusters["a::b"].iter().map(|m| m.weight).collect();
+        assert_eq!(weights, [2, 3]);
+        let outlier = parse_outlier_detection(text.as_bytes(), |c| c == "a::b");
+        assert_eq!(outlier.get("a::b"), Some(&OutlierDetection::On));
     }
 
     #[test]

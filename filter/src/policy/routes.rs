@@ -230,6 +230,11 @@ impl Routes {
         }
         self.now_ms = now_ms;
         for local in self.routes.iter_mut() {
+            // seen more than a second ahead: the clock was set back, and a
+            // route so stamped would never look idle until it caught up
+            if local.seen_ms > now_ms.saturating_add(1_000) {
+                local.seen_ms = now_ms;
+            }
             local.samples.clear();
             let censoring = local
                 .delay
@@ -330,6 +335,22 @@ mod tests {
     /// A full table of names no request named for five minutes: a new
     /// route takes an idle one's slot, learns, and the idle one's gauge is
     /// set to 0 once.
+    /// The clock set back a day: routes seen in the old time are idle
+    /// `ROUTE_IDLE_MS` after the step, not a day after it.
+    #[test]
+    fn routes_seen_before_the_clock_was_set_back_go_idle_in_time() {
+        let mut r = Routes::default();
+        let shared = Vec::new();
+        r.refresh(&shared, T0, &policy(), TERMS, |d| d);
+        r.lookup(b"a", 1).unwrap();
+        r.lookup(b"b", 1).unwrap();
+        assert_eq!(r.lookup(b"c", 1), None, "full");
+        let back = T0 - 86_400_000;
+        r.refresh(&shared, back, &policy(), TERMS, |d| d);
+        r.refresh(&shared, back + ROUTE_IDLE_MS, &policy(), TERMS, |d| d);
+        assert!(r.lookup(b"c", 1).is_some());
+    }
+
     #[test]
     fn a_new_route_takes_the_slot_of_one_idle_for_minutes() {
         use crate::telemetry::memory::Stats;

@@ -1189,13 +1189,16 @@ impl Worker {
     /// true quantile instead of drifting down with the filter's own hedging.
     pub fn on_response(&mut self, id: ClusterId, route: Option<RouteId>, latency_us: u64) {
         if let Some(state) = self.clusters.get_mut(id) {
+            // capped as every sample is: one request in flight across a
+            // clock stepped forward by an hour squeezed a latch's whole
+            // regime into its top bucket (found by a review)
+            let sample = state.policy.sample_us(latency_us);
             if let Some(latch) = state.stale.as_mut() {
-                latch.observe(latency_us);
+                latch.observe(sample as u64);
             }
             if let Some(regime) = state.regime.as_mut() {
-                regime.observe(latency_us);
+                regime.observe(sample as u64);
             }
-            let sample = state.policy.sample_us(latency_us);
             state.samples.add(sample);
             if let Some(route) = route {
                 state.routes.add_sample(route, sample);
@@ -1415,7 +1418,7 @@ impl Worker {
             let requests = std::mem::take(&mut c.requests_this_tick);
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
-            c.refusals.tick();
+            c.refusals.tick(self.tick_us);
             c.armed_share.tick(armed_share_decay);
             c.stride = c.population_this_tick.div_ceil(SAMPLES_PER_TICK).max(1);
             c.samples_this_tick = 0;
@@ -1471,8 +1474,11 @@ impl Worker {
     /// The admin interface's last read, from shared memory, at most once
     /// every `MEMBERSHIP_LOOK_MS`, decoded only when it changed.
     fn look_at_membership(&mut self, now_ms: u64, store: &dyn SharedStore) {
+        // a next look more than a look ahead: the clock was set back, and
+        // waiting for it would leave the shared read unread that long
+        let wait = self.admin.next_look_ms.saturating_sub(now_ms);
         if self.config.admin_cluster().is_none()
-            || now_ms < self.admin.next_look_ms
+            || (wait > 0 && wait <= MEMBERSHIP_LOOK_MS)
             || !self.tracks_a_cluster()
         {
             return;
@@ -2605,7 +2611,9 @@ impl NewRegime {
 
     /// On the tick (`epoch`: the window's slice now): whether it is over.
     fn over(&mut self, epoch: u64, planned: f64) -> bool {
-        if epoch >= self.until_epoch {
+        // or the clock set back (its end further than the recent slices
+        // ahead): the new regime's floor would hold for the step's length
+        if epoch >= self.until_epoch || self.until_epoch - epoch > RECENT_SLICES {
             return true;
         }
         if self.tally.responses < RELEASE_RESPONSES {
@@ -3171,6 +3179,10 @@ mod tests {
         assert!(!regime.over(5, planned), "19 responses");
         regime.observe(3_000);
         assert!(regime.over(5, planned), "4 of 20 above: back");
+
+        // the clock set back: an end further off than the recent slices
+        let mut regime = NewRegime::after(latch(REGIME_SAMPLES, 0), 7, planned).unwrap();
+        assert!(regime.over(7 - RECENT_SLICES - 1, planned));
     }
 
     #[test]
@@ -4389,6 +4401,25 @@ c::h1::weight::1
 c::h2::health_flags::/failed_active_hc
 c::h2::weight::1
 ";
+
+    #[test]
+    fn after_the_clock_is_set_back_other_workers_read_the_admin_read_at_once() {
+        let store = MemoryStore::default();
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
+        let (mut w, mut other) = (Worker::new(config(json)), Worker::new(config(json)));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        traffic(&mut other, "c", 1, 2000);
+        w.sync(T0, &store, &mut log);
+        other.sync(T0, &store, &mut log);
+        let back = T0 - 3_600_000;
+        w.claim_admin_read(back, &store).unwrap();
+        w.admin_read_done(back + 50, Ok(ADMIN_SAYS), &store, &mut log);
+        traffic(&mut other, "c", 1, 2000);
+        other.sync(back + 200, &store, &mut log);
+        assert_eq!(other.cluster(0).unwrap().hosts_summary.held_out, 1);
+    }
 
     #[test]
     fn the_admin_interface_holds_unhealthy_hosts_out_and_weighs_the_rest() {
