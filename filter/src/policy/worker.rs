@@ -1571,6 +1571,12 @@ impl Worker {
     /// (not written in the configuration): a plain Envoy need not have
     /// one. Not a failure: said once, at `Info`, and looked for again
     /// every `ABSENT_ADMIN_RETRY_MS` (a cluster Envoy may be given later).
+    /// The admin read's `/clusters` answer is in, its configuration dumps
+    /// are being read.
+    pub fn admin_read_half_done(&self) -> bool {
+        self.admin.pending.is_some()
+    }
+
     pub fn admin_cluster_absent(&mut self, now_ms: u64, log: &mut dyn Logger) {
         self.admin.in_flight_since_ms = None;
         self.admin.asked.clear();

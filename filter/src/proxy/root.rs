@@ -252,8 +252,11 @@ fn read_admin<H: Host>(
         };
         let why = match status.0 {
             // Envoy's answer to an unknown cluster: where the cluster is
-            // only the default's, a plain Envoy without it
-            2 if !worker.config().admin_cluster_given => {
+            // only the default's, a plain Envoy without it. Not once its
+            // `/clusters` answer is in (the configuration dumps' turn): the
+            // cluster went since, and what it said is kept, as for any
+            // failed dump (before, the read was thrown away)
+            2 if !worker.config().admin_cluster_given && !worker.admin_read_half_done() => {
                 worker.admin_cluster_absent(now_ms, &mut logger);
                 return None;
             }
@@ -529,6 +532,34 @@ mod tests {
         answer(&mut plugin, 4, clusters);
         assert!(host.logged("cannot read Envoy's configuration dump"));
         assert_eq!(stored().read_ms, now);
+        assert_eq!(
+            stored().outlier_detection.get("backend"),
+            Some(&OutlierDetection::On)
+        );
+    }
+
+    /// With `admin_cluster` at its default, a dump that cannot be sent
+    /// (the cluster gone since the `/clusters` answer) keeps that answer,
+    /// as a failed dump does where the cluster was named.
+    #[test]
+    fn the_default_admin_cluster_gone_between_answers_keeps_the_first() {
+        let (host, mut plugin) = plugin(r#"{"admin_refresh": "2s"}"#);
+        tracked_backend(&host, &plugin);
+        plugin.on_tick();
+        let key = crate::policy::shared_state::membership_key(
+            plugin.worker.as_ref().unwrap().borrow().geometry(),
+        );
+        let stored = || {
+            SharedStore::get(&host, &key)
+                .unwrap()
+                .map(|(bytes, _)| crate::policy::membership::Membership::decode(&bytes).unwrap())
+                .unwrap_or_default()
+        };
+        host.fail("dispatch_get");
+        let clusters = b"backend::outlier::success_rate_average::-1\nbackend::10.0.0.1:80::health_flags::healthy\n";
+        answer_call(&host, &mut plugin, 1, b"200", clusters);
+        assert_ne!(stored().read_ms, 0, "the /clusters answer is kept");
+        use crate::policy::membership::OutlierDetection;
         assert_eq!(
             stored().outlier_detection.get("backend"),
             Some(&OutlierDetection::On)
