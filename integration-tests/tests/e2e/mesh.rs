@@ -321,8 +321,9 @@ fn ejections_in_a_brownout(
     assert!(ejections.is_some(), "outlier detection is not configured");
     (
         ejections.unwrap_or_default(),
+        // the log before the end: callers read "; paced: N" at the end
         format!(
-            "{report}; paced: {paced}\n----- envoy log, last 30 lines -----\n{}",
+            "{report}\n----- envoy log, last 30 lines -----\n{}\n; paced: {paced}",
             envoy.log_tail(30)
         ),
     )
