@@ -17,12 +17,12 @@
 //! cluster, with different overrides. Cached under one key, one route's
 //! overrides served the other's requests for a second at a time (a route
 //! with `disabled: true` was armed). A name whose overrides go back to
-//! what they were before the last change within a minute of it (A, B, A:
-//! the two routes' requests take turns at each read; an xDS rollback comes
-//! later, as a rule) is taken for such a name: `ambiguous`, never cached
-//! again, and the caller treats the route as unnamed (a rollback within
-//! the minute costs the route its own delay and a read per request, no
-//! more).
+//! what they were before the last change within a minute of it, twice
+//! running (A, B, A, B: the two routes' requests take turns at the reads;
+//! an xDS rollback is one going back, and comes later as a rule), is taken
+//! for such a name: `ambiguous`, read on every request, and the caller
+//! treats the route as unnamed. Ten minutes without going back, and it is
+//! a name again.
 //!
 //! Plain Rust: the caller reads the property and says which tick it is.
 
@@ -35,8 +35,11 @@ pub fn fresh_ticks(tick_us: u64) -> u64 {
     FRESH_FOR_US.div_ceil(tick_us.max(1)).max(1)
 }
 /// A name whose overrides go back within this many seconds (of ticks:
-/// `fresh_ticks` a second) is ambiguous.
+/// `fresh_ticks` a second), `FLIP_BACKS` times running, is ambiguous; a
+/// name again after `UNAMBIGUOUS_AFTER_SECONDS` without going back.
 const FLIP_BACK_SECONDS: u64 = 60;
+const FLIP_BACKS: u32 = 2;
+const UNAMBIGUOUS_AFTER_SECONDS: u64 = 600;
 /// Routes a worker remembers; past it the stalest entry makes room.
 pub const MAX_ROUTES: usize = 64;
 
@@ -55,6 +58,10 @@ struct Entry {
     /// tick.
     previous: Option<Box<[u8]>>,
     changed_at_tick: u64,
+    /// Changes back to the previous metadata in a row, and the last one's
+    /// tick.
+    flip_backs: u32,
+    flipped_back_at_tick: u64,
     /// Two routes share the name (see the module's documentation).
     ambiguous: bool,
     read_at_tick: u64,
@@ -103,10 +110,22 @@ impl RouteMetadataCache {
             let was = e.ambiguous;
             if *e.metadata != *metadata {
                 let flip_window = FLIP_BACK_SECONDS.saturating_mul(self.fresh_ticks);
-                e.ambiguous |= e.previous.as_deref() == Some(metadata)
+                let flip_back = e.previous.as_deref() == Some(metadata)
                     && tick.saturating_sub(e.changed_at_tick) <= flip_window;
+                if flip_back {
+                    e.flip_backs = e.flip_backs.saturating_add(1);
+                    e.flipped_back_at_tick = tick;
+                } else {
+                    e.flip_backs = 0;
+                }
+                e.ambiguous = e.flip_backs >= FLIP_BACKS;
                 e.previous = Some(std::mem::replace(&mut e.metadata, metadata.into()));
                 e.changed_at_tick = tick;
+            }
+            let quiet = UNAMBIGUOUS_AFTER_SECONDS.saturating_mul(self.fresh_ticks);
+            if e.ambiguous && tick.saturating_sub(e.flipped_back_at_tick) > quiet {
+                e.ambiguous = false;
+                e.flip_backs = 0;
             }
             e.read_at_tick = tick;
             return Ambiguity {
@@ -131,6 +150,8 @@ impl RouteMetadataCache {
             metadata: metadata.into(),
             previous: None,
             changed_at_tick: tick,
+            flip_backs: 0,
+            flipped_back_at_tick: 0,
             ambiguous: false,
             read_at_tick: tick,
         });
@@ -199,8 +220,8 @@ mod tests {
     }
 
     /// One name, two routes of different overrides (two virtual hosts):
-    /// A, B, A is no xDS update; the name is never trusted again. A change
-    /// that stays (A, B, B) is an update.
+    /// A, B, A, B is no xDS update; the name is not trusted until ten
+    /// minutes pass without going back. A change that stays is an update.
     #[test]
     fn a_name_whose_overrides_flip_back_is_ambiguous() {
         let mut cache = RouteMetadataCache::new(200_000);
@@ -209,7 +230,9 @@ mod tests {
         assert_eq!(cache.remember(b"c", b"default", b"off", 5), none);
         assert_eq!(cache.remember(b"c", b"default", b"off", 10), none);
         assert_eq!(cache.get(b"c", b"default", 10), Some(&b"off"[..]));
-        let found = cache.remember(b"c", b"default", b"", 15);
+        // once back: a rollback, maybe
+        assert_eq!(cache.remember(b"c", b"default", b"", 15), none);
+        let found = cache.remember(b"c", b"default", b"off", 16);
         assert_eq!(
             found,
             Ambiguity {
@@ -217,8 +240,8 @@ mod tests {
                 found_now: true
             }
         );
-        assert_eq!(cache.get(b"c", b"default", 15), None, "read every time");
-        let again = cache.remember(b"c", b"default", b"off", 16);
+        assert_eq!(cache.get(b"c", b"default", 16), None, "read every time");
+        let again = cache.remember(b"c", b"default", b"", 17);
         assert_eq!(
             again,
             Ambiguity {
@@ -226,6 +249,10 @@ mod tests {
                 found_now: false
             }
         );
+        // ten minutes of the same overrides: a name again
+        let quiet = 600 * FRESH_TICKS;
+        assert_eq!(cache.remember(b"c", b"default", b"", 18 + quiet), none);
+        assert_eq!(cache.get(b"c", b"default", 18 + quiet), Some(&b""[..]));
         // another cluster's route of that name is its own
         assert_eq!(cache.remember(b"d", b"default", b"off", 16), none);
         // a rollback more than a minute after the change is an update

@@ -517,7 +517,9 @@ mod tests {
     use super::*;
 
     /// Full pressure eases in about 18 s whatever the tick: 90 ticks of
-    /// 200 ms, 2 of 10 s, 1,800 of 10 ms.
+    /// 200 ms, 2 of 10 s, 1,800 of 10 ms (where every tick holds enough
+    /// requests to be judged: at a low rate a judgement waits for
+    /// `PRESSURE_MIN_REQUESTS`, and counts as one tick's).
     #[test]
     fn the_pressure_eases_in_the_same_time_at_any_tick() {
         for tick_us in [10_000u64, 200_000, 10_000_000] {

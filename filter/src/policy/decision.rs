@@ -54,9 +54,11 @@ pub struct Request<'a> {
     /// A body follows the headers. Envoy starts the per-try timer when the
     /// request is complete, not at its headers: with a body sent slowly
     /// (an upload, a search query streamed in chunks) a deadline counted
-    /// from the headers fired where no timer had, and such requests timed
-    /// their upload as latency. A unary gRPC call's message follows its
-    /// headers at once.
+    /// from the headers fired where no timer had. A unary gRPC call's
+    /// message follows its headers at once. (Such a request is still a
+    /// latency sample, from its headers: left out, a cluster whose
+    /// requests all carry a body, or an empty one in a frame of its own,
+    /// never learned a delay.)
     pub body_follows: bool,
 }
 
@@ -78,7 +80,7 @@ impl Request<'_> {
 
     /// Whether Envoy's per-try timer starts about when the filter sees the
     /// headers (see `body_follows`): only then is a deadline counted from
-    /// them, and the response timed as a latency sample.
+    /// them.
     pub fn timed_from_headers(&self) -> bool {
         !self.body_follows || self.grpc
     }
@@ -562,11 +564,8 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         cohort: tracked.map_or(0, |view| view.budget.cohort()),
         // A sample costs three host calls (two clocks, the response's
         // origin); past a few hundred per tick the quantile gains nothing.
-        sample: tracked.is_some_and(|view| {
-            view.sample_turn
-                && in_sample_population(request, view.policy)
-                && request.timed_from_headers()
-        }),
+        sample: tracked
+            .is_some_and(|view| view.sample_turn && in_sample_population(request, view.policy)),
         hosts: pick,
         endpoint,
         deadline_ns,
@@ -1306,11 +1305,10 @@ mod tests {
 
     /// A GET whose body follows its headers is armed (Envoy buffers the
     /// body for the hedge), but Envoy's per-try timer starts only once the
-    /// body is in: no deadline counted from the headers, and no latency
-    /// sample (its time holds the upload). A unary gRPC call's message
-    /// comes at once.
+    /// body is in: no deadline counted from the headers. Still a latency
+    /// sample. A unary gRPC call's message comes at once.
     #[test]
-    fn a_request_with_a_body_keeps_no_deadline_and_is_no_sample() {
+    fn a_request_with_a_body_keeps_no_deadline() {
         let policy = ClusterPolicy {
             idempotent_grpc_methods: vec!["/demo.Echo/Get".into()],
             ..Default::default()
@@ -1327,7 +1325,7 @@ mod tests {
         let p = plan(&search, &Config::default(), Cluster::Tracked(view()));
         assert!(matches!(p.decision, Decision::Arm(_)), "{p:?}");
         assert_eq!(p.deadline_ns, None);
-        assert!(!p.sample);
+        assert!(p.sample, "a cluster of such requests must still learn");
         let call = Request {
             method: b"POST",
             path: b"/demo.Echo/Get",

@@ -1571,12 +1571,6 @@ impl Worker {
     /// (not written in the configuration): a plain Envoy need not have
     /// one. Not a failure: said once, at `Info`, and looked for again
     /// every `ABSENT_ADMIN_RETRY_MS` (a cluster Envoy may be given later).
-    /// The admin read's `/clusters` answer is in, its configuration dumps
-    /// are being read.
-    pub fn admin_read_half_done(&self) -> bool {
-        self.admin.pending.is_some()
-    }
-
     pub fn admin_cluster_absent(&mut self, now_ms: u64, log: &mut dyn Logger) {
         self.admin.in_flight_since_ms = None;
         self.admin.asked.clear();
@@ -1588,6 +1582,12 @@ impl Worker {
                 &format!("no cluster \"{}\" to Envoy's admin interface (admin_cluster's default, which Istio's and Envoy Gateway's bootstraps declare): hosts are chosen without Envoy's word on their health and weight, and outlier pacing stays on; name such a cluster in admin_cluster, or set it to \"\"", self.config.admin_cluster),
             );
         }
+    }
+
+    /// The admin read's `/clusters` answer is in, its configuration dumps
+    /// are being read.
+    pub fn admin_read_half_done(&self) -> bool {
+        self.admin.pending.is_some()
     }
 
     /// An answer to the read `claim_admin_read` asked for (`Ok`: the body of

@@ -1393,13 +1393,15 @@ mod tests {
                 plugin.on_tick();
             }
         };
-        // the public route's read, then the internal one's, then the
-        // public one's again: the name's overrides went back
+        // the public route's read, then the internal one's, and back and
+        // forth again: the name's overrides went back twice running
         assert!(send(&plugin, None).starts_with("armed"));
         expire(&mut plugin);
         assert_eq!(send(&plugin, Some(&off)), "skipped; reason=disabled");
         expire(&mut plugin);
         assert!(send(&plugin, None).starts_with("armed"));
+        expire(&mut plugin);
+        assert_eq!(send(&plugin, Some(&off)), "skipped; reason=disabled");
         // within the same second, each its own
         for _ in 0..3 {
             assert_eq!(send(&plugin, Some(&off)), "skipped; reason=disabled");

@@ -347,10 +347,16 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         drop(finished);
         (results, timeline.join().unwrap_or_default())
     });
-    answered += results
-        .iter()
-        .map(|r| r.statuses.values().sum::<u64>())
-        .sum::<u64>();
+    // the filter counts each of a fan-out's calls
+    let calls_per_request = match plan.workload {
+        Workload::FanOut { fanout, .. } => fanout,
+        _ => 1,
+    };
+    answered += calls_per_request
+        * results
+            .iter()
+            .map(|r| r.statuses.values().sum::<u64>())
+            .sum::<u64>();
     if let (true, Some(e)) = (proxy.is_adaptive(), envoy.as_ref()) {
         wait_for_filter_counters(e, answered, progress);
     }
@@ -484,8 +490,6 @@ fn warm_up_learned(envoy: &Envoy, warmup: u64) -> bool {
     }
 }
 
-/// Extra attempts Envoy started: the filter's counter, or Envoy's retry
-/// counter for its own hedging.
 /// Waits (at most 5 s) until the filter's counters, pushed on its workers'
 /// ticks, hold the `answered` requests and every armed request settled
 /// (hedges sent or refunded): until then `hedges_sent_total` misses the
@@ -520,6 +524,8 @@ pub fn wait_for_filter_counters(envoy: &Envoy, answered: u64, progress: &(dyn Fn
     }
 }
 
+/// Extra attempts Envoy started: the filter's counter, or Envoy's retry
+/// counter for its own hedging.
 fn hedge_count(proxy: &Proxy, envoy: &Envoy) -> i64 {
     let all = |metric: &str| -> i64 {
         envoy
