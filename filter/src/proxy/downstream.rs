@@ -511,7 +511,10 @@ impl<H: Host> DownstreamRequest<H> {
         let origin = self.origin();
         let mut worker = worker.try_borrow_mut().ok()?;
         let from_upstream = origin.from_upstream;
-        let failed = !from_upstream || origin.status.is_some_and(|code| code >= 500);
+        // A reply no host received (the cluster's circuit breaker full, no
+        // healthy host) is no host's failure: counted, the host named most
+        // (the fastest) went on probation in an overload (found by a review)
+        let failed = !origin.unsent && (!from_upstream || origin.status.is_some_and(|c| c >= 500));
         worker.on_host_response(
             cluster,
             pick,
@@ -2004,6 +2007,38 @@ mod tests {
     const RELAYED: &[(&str, &str)] = &[(":status", "200"), (UPSTREAM_SERVICE_TIME, "2")];
 
     /// At defaults, three hosts learned (10.0.0.2:80 three times slower).
+    /// The cluster's circuit breaker overflows: Envoy answers 503 itself,
+    /// no host received the request, and the host named is not blamed.
+    #[test]
+    fn a_circuit_breaker_s_overflow_is_no_host_s_failure() {
+        let (host, mut plugin) = three_hosts_learned();
+        for _ in 0..40 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers(true);
+            host.respond(&[(":status", "503")]);
+            host.set_property(
+                RESPONSE_CODE_DETAILS,
+                b"upstream_reset_before_response_started{overflow}",
+            );
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            r.on_response_headers(false);
+            r.on_log();
+        }
+        plugin.on_tick();
+        use crate::policy::shared_state::SharedStore;
+        // the default window's geometry
+        let geometry =
+            crate::policy::window::WindowGeometry::new(std::time::Duration::from_secs(30));
+        let key = crate::policy::shared_state::cluster_key(geometry, "backend");
+        let (bytes, _) = SharedStore::get(&host, &key).unwrap().unwrap();
+        let shared = crate::policy::shared_state::SharedCluster::decode(&bytes, geometry).unwrap();
+        assert_eq!(shared.hosts.len(), 3);
+        for h in &shared.hosts {
+            assert_eq!(h.failures, 0.0, "{}", h.address);
+        }
+    }
+
     fn three_hosts_learned() -> (FakeHost, Plugin<FakeHost>) {
         let (host, mut plugin) = plugin("{}");
         let ms = |address: &str| if address == "10.0.0.2:80" { 9 } else { 3 };
