@@ -265,6 +265,15 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// The requests in flight to the host of `address` (for tests).
+    #[cfg(test)]
+    pub fn in_flight_to(&self, address: &str) -> Option<u32> {
+        self.hosts
+            .iter_known()
+            .find(|h| h.address == address)
+            .map(|h| h.in_flight)
+    }
+
     /// `Worker::on_host_response` of a cluster whose policy chooses hosts.
     fn hear_host_response(&mut self, pick: Option<HostPick>, response: HostResponse) {
         let winner = match (response.address, pick) {
@@ -1222,8 +1231,28 @@ impl Worker {
     /// and whether the host the filter named is the one that answered.
     /// Ends the pick (`end_pick`) after: ended before, a forgotten primary's
     /// slot was free for the winner's address when it is new, and a
-    /// hedge's answer was taken for the primary's.
+    /// hedge's answer was taken for the primary's. For a response whose
+    /// request is over with its headers (the virtual-time harness, tests);
+    /// the filter hears at the headers and ends at the stream's end
+    /// (`hear_host_response`).
     pub fn on_host_response(
+        &mut self,
+        id: ClusterId,
+        pick: Option<HostPick>,
+        response: HostResponse,
+    ) {
+        self.hear_host_response(id, pick, response);
+        if let Some(pick) = pick {
+            self.end_pick(id, pick);
+        }
+    }
+
+    /// `on_host_response` without ending the pick: the request's hosts
+    /// stay in flight until its stream ends (`end_pick`, from the log). A
+    /// stream (SSE, LLM tokens) answers at its headers or first byte and
+    /// runs for seconds after: ended there, a host busy with twenty
+    /// streams looked idle to the choice's load term (found by a review).
+    pub fn hear_host_response(
         &mut self,
         id: ClusterId,
         pick: Option<HostPick>,
@@ -1234,9 +1263,6 @@ impl Worker {
         };
         if state.policy.host_choice {
             state.hear_host_response(pick, response);
-        }
-        if let Some(pick) = pick {
-            state.hosts.track(pick, false);
         }
     }
 

@@ -99,6 +99,8 @@ pub struct DownstreamRequest<H: Host> {
     host_cluster: Option<ClusterId>,
     /// The hosts chosen, until the response (or the end) comes.
     pick: Option<HostPick>,
+    /// The hosts chosen, in flight until the stream ends (`on_log`).
+    in_flight: Option<(ClusterId, HostPick)>,
     /// The per-try timeout armed with (to time a hedge that won); armed
     /// requests ask the router for a 204 on timeouts (`mend_timeout_reply`).
     per_try_timeout_ms: Option<u64>,
@@ -166,6 +168,7 @@ impl<H: Host> DownstreamRequest<H> {
             endpoint: None,
             host_cluster: None,
             pick: None,
+            in_flight: None,
             per_try_timeout_ms: None,
             armed_grpc: false,
             host_failures: 0,
@@ -267,6 +270,7 @@ impl<H: Host> DownstreamRequest<H> {
                 .is_ok()
             {
                 self.pick = plan.hosts;
+                self.in_flight = plan.cluster.zip(plan.hosts);
             } else {
                 // The write was to replace a client's header (the plan did
                 // not strip it): it must not choose the host instead.
@@ -444,18 +448,13 @@ impl<H: Host> DownstreamRequest<H> {
 
     /// Reads which host answered a request of a cluster that learns its
     /// hosts, where the worker needs it (a timed or shown response); once.
-    /// Not read, the pick ends here; read, when the worker hears the answer
-    /// (`report_answer`).
+    /// The pick stays in flight until the stream ends (`on_log`).
     fn read_answer(&mut self, timed: bool, attempts: Option<u64>) -> Option<Answer> {
         let cluster = self.host_cluster.take()?;
         let pick = self.pick.take();
         let worker = self.worker.clone()?;
         let mut worker = worker.try_borrow_mut().ok()?;
-        let answer = self.answer_of(&mut worker, cluster, pick, timed, attempts);
-        if let (None, Some(pick)) = (&answer, pick) {
-            worker.end_pick(cluster, pick);
-        }
-        answer
+        self.answer_of(&mut worker, cluster, pick, timed, attempts)
     }
 
     /// `read_answer`'s reading: the address, where the worker needs it,
@@ -515,7 +514,7 @@ impl<H: Host> DownstreamRequest<H> {
         // healthy host) is no host's failure: counted, the host named most
         // (the fastest) went on probation in an overload (found by a review)
         let failed = !origin.unsent && (!from_upstream || origin.status.is_some_and(|c| c >= 500));
-        worker.on_host_response(
+        worker.hear_host_response(
             cluster,
             pick,
             HostResponse {
@@ -775,7 +774,7 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             None => self.settlement.and_then(|_| self.attempts()),
         };
         self.settle(attempts, None, None);
-        let pick = self.host_cluster.take().zip(self.pick.take());
+        let pick = self.in_flight.take();
         let failures = std::mem::take(&mut self.host_failures);
         if pick.is_none() && failures == 0 {
             return;
@@ -2036,6 +2035,43 @@ mod tests {
         assert_eq!(shared.hosts.len(), 3);
         for h in &shared.hosts {
             assert_eq!(h.failures, 0.0, "{}", h.address);
+        }
+    }
+
+    /// A stream's host is in flight until the stream ends, not only until
+    /// its headers: the load term of the choice sees a host busy with
+    /// streams.
+    #[test]
+    fn a_stream_s_host_stays_in_flight_until_it_ends() {
+        let (host, plugin) = three_hosts_learned();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(tries < 100, "no host chosen");
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers(true);
+            let Some(endpoint) = host.request_header_text(ENDPOINT_HEADER) else {
+                r.on_log();
+                continue;
+            };
+            let primary = endpoint.split(',').next().unwrap_or_default().to_string();
+            let in_flight = |r: &DownstreamRequest<FakeHost>| {
+                let worker = r.worker.as_ref().unwrap().borrow();
+                worker.cluster(0).unwrap().in_flight_to(&primary)
+            };
+            assert_eq!(in_flight(&r), Some(1));
+            host.advance_ms(3);
+            host.respond(RELAYED);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            host.set_property(UPSTREAM_ADDRESS, primary.as_bytes());
+            r.on_response_headers(false);
+            r.on_response_body(10, false);
+            assert_eq!(in_flight(&r), Some(1), "the stream goes on");
+            r.on_response_body(10, true);
+            r.on_log();
+            assert_eq!(in_flight(&r), Some(0));
+            break;
         }
     }
 
