@@ -692,13 +692,26 @@ impl Hosts {
         members: Option<&[Member]>,
     ) {
         forget_silent(shared, now_ms, members);
-        let median = median_cost_log(shared);
-        for s in shared.iter_mut() {
-            s.failures *= failure_keep(s.stamp_ms, now_ms);
-            if let Some(median) = median.filter(|&m| s.cost_log > m) {
-                s.cost_log = median + (s.cost_log - median) * cost_keep(s.stamp_ms, now_ms);
+        // The fades are applied by a worker with news of the cluster's
+        // hosts, over the time since their stamp (the same as tick by tick:
+        // the decays are exponential). Applied on every tick, they changed
+        // an idle cluster's value, and every worker rewrote every idle
+        // cluster every tick (a thousand clusters: megabytes through the
+        // shared data's lock each tick; found by a review). Nobody chooses
+        // hosts of a cluster without traffic, so nothing is lost.
+        let news = self
+            .hosts
+            .iter()
+            .any(|h| h.new_samples > 0 || h.new_failures > 0.0);
+        if news {
+            let median = median_cost_log(shared);
+            for s in shared.iter_mut() {
+                s.failures *= failure_keep(s.stamp_ms, now_ms);
+                if let Some(median) = median.filter(|&m| s.cost_log > m) {
+                    s.cost_log = median + (s.cost_log - median) * cost_keep(s.stamp_ms, now_ms);
+                }
+                s.stamp_ms = s.stamp_ms.max(now_ms);
             }
-            s.stamp_ms = s.stamp_ms.max(now_ms);
         }
         for local in self
             .hosts
@@ -1585,6 +1598,30 @@ mod tests {
         }
     }
 
+    /// A cluster nobody sent a request to since the last tick: its shared
+    /// hosts are left as they are (no write), and the fades catch up at the
+    /// next news, over the whole time.
+    #[test]
+    fn an_idle_cluster_s_hosts_are_not_rewritten() {
+        let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
+        for _ in 0..50 {
+            hosts.fail(2);
+        }
+        hosts.merge_into(&mut shared, T0, None);
+        hosts.refresh(&shared, None);
+        let before = shared.clone();
+        hosts.merge_into(&mut shared, T0 + 200, None);
+        hosts.merge_into(&mut shared, T0 + 8_000, None);
+        assert_eq!(shared, before, "nothing to write");
+        hosts.observe(0, 1000.0);
+        hosts.merge_into(&mut shared, T0 + 8_000, None);
+        assert!(
+            shared[2].failures < FAILURE_CAP / 2.0,
+            "{}",
+            shared[2].failures
+        );
+    }
+
     #[test]
     fn failures_count_as_slowness_and_fade() {
         let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
@@ -1598,7 +1635,9 @@ mod tests {
             shared[2].failures, FAILURE_CAP,
             "a minute of failures counts as {FAILURE_CAP}"
         );
-        // with time alone (nothing measured: on probation, unexplored) it fades
+        // with time alone (nothing measured of it: on probation,
+        // unexplored) it fades, while the others answer
+        hosts.observe(0, 1000.0);
         hosts.merge_into(&mut shared, T0 + 8_000, None);
         hosts.refresh(&shared, None);
         assert!(!hosts.get(2).unwrap().probation);

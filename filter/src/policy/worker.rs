@@ -605,7 +605,9 @@ pub struct Worker {
     markers_seen: Sightings<(String, u32)>,
     /// Registered clusters this worker found idle, and when it first did,
     /// in ms (`idle_for_a_slice`).
-    idle_seen: Sightings<String>,
+    /// Idle clusters seen, by name and the value's `requests_total` (a
+    /// value revived since starts again from 0: another cluster's life).
+    idle_seen: Sightings<(String, u64)>,
     /// Names to take out of the registry on its next update: a marker
     /// stranded beside them.
     unregister: Vec<String>,
@@ -1906,10 +1908,14 @@ impl Worker {
             };
             let evict = match SharedCluster::decode(&bytes, self.geometry) {
                 Ok(cluster) => {
-                    self.idle_for_a_slice(name, cluster.idle(now_ms), now_ms)
-                        && store
-                            .set(&cluster_key, &SharedCluster::evicted(), cas)
-                            .is_ok()
+                    self.idle_for_a_slice(
+                        name,
+                        cluster.requests_total,
+                        cluster.idle(now_ms),
+                        now_ms,
+                    ) && store
+                        .set(&cluster_key, &SharedCluster::evicted(), cas)
+                        .is_ok()
                 }
                 Err(DecodeError::Evicted) => self.stranded(name, cas),
                 Err(_) => false,
@@ -1930,15 +1936,19 @@ impl Worker {
     /// ever hedged (found by a review). Sightings are kept for a window
     /// (the names looked at are drawn at random, so a second look may come
     /// late), at most `IDLE_REMEMBERED`.
-    fn idle_for_a_slice(&mut self, name: &str, idle: bool, now_ms: u64) -> bool {
+    ///
+    /// A sighting is of the value's life (`requests_total`): one from
+    /// before an eviction and a revival by another worker evicted the
+    /// revived value at its first look (found by a review).
+    fn idle_for_a_slice(&mut self, name: &str, requests: u64, idle: bool, now_ms: u64) -> bool {
         if !idle {
-            self.idle_seen.forget(|n| n == name);
+            self.idle_seen.forget(|(n, _)| n == name);
             return false;
         }
         let slice_ms = self.geometry.slice_ms.max(1);
         let window_ms = slice_ms.saturating_mul(SLICES as u64);
         self.idle_seen
-            .seen_before(name.to_string(), now_ms, slice_ms, window_ms)
+            .seen_before((name.to_string(), requests), now_ms, slice_ms, window_ms)
     }
 
     /// Whether the evicted marker found in the key of registered `name`
@@ -4451,6 +4461,46 @@ c::h2::weight::1
         traffic(&mut other, "c", 1, 2000);
         other.sync(back + 200, &store, &mut log);
         assert_eq!(other.cluster(0).unwrap().hosts_summary.held_out, 1);
+    }
+
+    /// Another worker evicts an idle cluster and a third revives it: this
+    /// worker's sighting of it idle, from before, does not evict the new
+    /// value at its first look.
+    #[test]
+    fn a_revived_cluster_is_not_evicted_on_a_sighting_from_before() {
+        let store = MemoryStore::default();
+        let mut a = Worker::new(config(r#"{"max_clusters": 1, "min_samples": 1}"#));
+        let mut log = Lines::default();
+        traffic(&mut a, "p", 5, 1000);
+        a.sync(T0, &store, &mut log);
+        decision(&mut a, b"q", b"GET");
+        a.sync(T0 + 31_000, &store, &mut log); // p idle: a first sighting
+        assert_eq!(registry(&store), ["p"]);
+        // another worker evicts p, a third revives it (empty, as new)
+        store.set(&key("p"), &SharedCluster::evicted(), 0).unwrap();
+        store
+            .set(&key("p"), &SharedCluster::new(G30).encode(), 0)
+            .unwrap();
+        decision(&mut a, b"q", b"GET");
+        a.sync(T0 + 36_000, &store, &mut log);
+        assert_eq!(registry(&store), ["p"], "kept for a slice at least");
+    }
+
+    /// An idle tick writes nothing: the shared value of a cluster no
+    /// request came to is left as it is (on every worker, every tick).
+    #[test]
+    fn an_idle_tick_writes_no_cluster_value() {
+        let store = MemoryStore::default();
+        let mut w = Worker::new(config(r#"{"min_samples": 10}"#));
+        let mut log = Lines::default();
+        let mut rr = 0;
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        w.sync(T0, &store, &mut log);
+        w.sync(T0 + 200, &store, &mut log);
+        let (_, before) = store.get(&key("c")).unwrap().unwrap();
+        w.sync(T0 + 400, &store, &mut log);
+        let (_, after) = store.get(&key("c")).unwrap().unwrap();
+        assert_eq!(before, after, "nothing changed, nothing written");
     }
 
     #[test]
