@@ -126,7 +126,7 @@ test: build
 	echo "make test left to make test-deploy (needs make setup-deploy): $(DEPLOY_TOOL_CHECKS)"; \
 	exit $$status
 
-unit-test:
+unit-test: setup
 	cargo test -p adaptive-hedge -p noop-filter --no-fail-fast
 
 # One test at a time: each starts its own Envoy and upstreams on a 2-core box.
@@ -255,12 +255,12 @@ $(CRDS):
 # unless the client asks for strict validation); FILES= to check your own.
 FILES ?= $(shell find envoy-configs -name '*.yaml' | sort)
 # Without the go command the schemas are skipped, said plainly (CI has go).
-check-configs:
+check-configs: setup
 	@if command -v go >/dev/null; then $(MAKE) -s --no-print-directory crds && crds="--crds $(CRDS)"; \
 	else echo "check-configs: no go command, so no CRDs (make crds): manifests not checked against their schemas"; fi; \
 	cargo run --quiet --profile e2e -p integration-tests --bin check-configs -- $$crds $(FILES)
 
-lint: check-configs
+lint: setup check-configs
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -p adaptive-hedge -p integration-tests -- -D warnings
 	# the wasm build once, with the test-only faults in (their code only adds
