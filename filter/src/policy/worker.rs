@@ -692,6 +692,8 @@ struct RouteVariant {
     metadata: Box<[u8]>,
     /// `None`: the metadata was refused, the route is not hedged.
     target: Option<ClusterId>,
+    /// The tick it was last looked up at.
+    used_at_tick: u64,
 }
 
 /// Where a request with route overrides goes.
@@ -1051,11 +1053,13 @@ impl Worker {
     /// override. Linear: at most `MAX_ROUTE_VARIANTS` short entries, and only
     /// requests whose route has overrides look.
     fn variant(&mut self, cluster: &[u8], route: &[u8], metadata: &[u8]) -> VariantLookup {
+        let ticks = self.ticks;
         let known = self
             .variants
-            .iter()
+            .iter_mut()
             .find(|v| *v.metadata == *metadata && *v.route == *route && *v.cluster == *cluster);
         if let Some(v) = known {
+            v.used_at_tick = ticks;
             return v
                 .target
                 .map_or(VariantLookup::Refused, VariantLookup::Cluster);
@@ -1069,7 +1073,24 @@ impl Worker {
                 .retain(|v| !(*v.route == *route && *v.cluster == *cluster));
         }
         if self.variants.len() >= MAX_ROUTE_VARIANTS {
-            return VariantLookup::Full;
+            // Room from the entry used longest ago, if not this tick: an
+            // unnamed route's entries (one per metadata it ever had) are
+            // never replaced by its next, and the table filled with
+            // entries xDS left behind (found by a review). The state an
+            // entry led to stays, and is found again by name.
+            let stalest = self
+                .variants
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.used_at_tick < ticks)
+                .min_by_key(|(_, v)| v.used_at_tick)
+                .map(|(i, _)| i);
+            match stalest {
+                Some(i) => {
+                    self.variants.swap_remove(i);
+                }
+                None => return VariantLookup::Full,
+            }
         }
         let (Ok(cluster_name), Ok(route_name)) =
             (std::str::from_utf8(cluster), std::str::from_utf8(route))
@@ -1172,6 +1193,7 @@ impl Worker {
             route: route.into(),
             metadata: metadata.into(),
             target,
+            used_at_tick: ticks,
         });
         target.map_or(VariantLookup::Refused, VariantLookup::Cluster)
     }
@@ -3699,6 +3721,34 @@ mod tests {
         for hedges in [3, 2, 3] {
             assert_ne!(plan("r0", hedges), Decision::Skip(Skip::Untracked));
         }
+    }
+
+    /// An unnamed route whose overrides xDS changes leaves an entry per
+    /// metadata; a full table gives the one used longest ago (not this
+    /// tick) to a new route.
+    #[test]
+    fn a_full_variant_table_gives_the_stalest_entry_up() {
+        use crate::route_metadata::encode;
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"c");
+        let plan = |w: &mut Worker, hedges: usize| {
+            let metadata =
+                encode(&serde_json::json!({ "percentile": 0.5 + hedges as f64 / 1000.0 }));
+            w.plan_route(Some(b"c"), None, &metadata, &GET, None)
+                .decision
+        };
+        for i in 0..MAX_ROUTE_VARIANTS {
+            assert_ne!(plan(&mut w, i), Decision::Skip(Skip::Untracked));
+        }
+        assert_eq!(
+            plan(&mut w, 100),
+            Decision::Skip(Skip::Untracked),
+            "all used this tick"
+        );
+        w.sync(T0, &store, &mut log);
+        assert_ne!(plan(&mut w, 100), Decision::Skip(Skip::Untracked));
     }
 
     /// A route's own state is named `<cluster>.route.<route>`; an Envoy
