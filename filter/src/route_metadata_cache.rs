@@ -21,8 +21,8 @@
 //! running (A, B, A, B: the two routes' requests take turns at the reads;
 //! an xDS rollback is one going back, and comes later as a rule), is taken
 //! for such a name: `ambiguous`, read on every request, and the caller
-//! treats the route as unnamed. Ten minutes without going back, and it is
-//! a name again.
+//! treats the route as unnamed. Ten minutes of one metadata, and it is a
+//! name again.
 //!
 //! Plain Rust: the caller reads the property and says which tick it is.
 
@@ -108,6 +108,12 @@ impl RouteMetadataCache {
             .find(|e| *e.route == *route && *e.cluster == *cluster)
         {
             let was = e.ambiguous;
+            let quiet = UNAMBIGUOUS_AFTER_SECONDS.saturating_mul(self.fresh_ticks);
+            if e.ambiguous && tick.saturating_sub(e.changed_at_tick) > quiet {
+                // ten minutes of one metadata: a name again
+                e.ambiguous = false;
+                e.flip_backs = 0;
+            }
             if *e.metadata != *metadata {
                 let flip_window = FLIP_BACK_SECONDS.saturating_mul(self.fresh_ticks);
                 let flip_back = e.previous.as_deref() == Some(metadata)
@@ -115,17 +121,17 @@ impl RouteMetadataCache {
                 if flip_back {
                     e.flip_backs = e.flip_backs.saturating_add(1);
                     e.flipped_back_at_tick = tick;
-                } else {
+                } else if tick.saturating_sub(e.flipped_back_at_tick) > flip_window {
+                    // flip-backs count within a minute of each other; other
+                    // changes between them (a third route of the name) do
+                    // not start the count again
                     e.flip_backs = 0;
                 }
-                e.ambiguous = e.flip_backs >= FLIP_BACKS;
+                // once ambiguous, only a quiet spell (above) ends it: three
+                // routes of one name change it at every read
+                e.ambiguous |= e.flip_backs >= FLIP_BACKS;
                 e.previous = Some(std::mem::replace(&mut e.metadata, metadata.into()));
                 e.changed_at_tick = tick;
-            }
-            let quiet = UNAMBIGUOUS_AFTER_SECONDS.saturating_mul(self.fresh_ticks);
-            if e.ambiguous && tick.saturating_sub(e.flipped_back_at_tick) > quiet {
-                e.ambiguous = false;
-                e.flip_backs = 0;
             }
             e.read_at_tick = tick;
             return Ambiguity {
@@ -249,10 +255,15 @@ mod tests {
                 found_now: false
             }
         );
+        // a third route of the name: still ambiguous at every change
+        for (i, m) in [&b"third"[..], b"", b"off", b"third"].iter().enumerate() {
+            assert!(cache.remember(b"c", b"default", m, 18 + i as u64).ambiguous);
+        }
+        assert!(!cache.remember(b"c", b"default", b"", 22).found_now);
         // ten minutes of the same overrides: a name again
         let quiet = 600 * FRESH_TICKS;
-        assert_eq!(cache.remember(b"c", b"default", b"", 18 + quiet), none);
-        assert_eq!(cache.get(b"c", b"default", 18 + quiet), Some(&b""[..]));
+        assert_eq!(cache.remember(b"c", b"default", b"", 23 + quiet), none);
+        assert_eq!(cache.get(b"c", b"default", 23 + quiet), Some(&b""[..]));
         // another cluster's route of that name is its own
         assert_eq!(cache.remember(b"d", b"default", b"off", 16), none);
         // a rollback more than a minute after the change is an update

@@ -56,9 +56,9 @@ pub struct Request<'a> {
     /// (an upload, a search query streamed in chunks) a deadline counted
     /// from the headers fired where no timer had. A unary gRPC call's
     /// message follows its headers at once. (Such a request is still a
-    /// latency sample, from its headers: left out, a cluster whose
-    /// requests all carry a body, or an empty one in a frame of its own,
-    /// never learned a delay.)
+    /// latency sample, timed by the glue from its body's end: left out, a
+    /// cluster whose requests all carry a body, or an empty one in a frame
+    /// of its own, never learned a delay.)
     pub body_follows: bool,
 }
 

@@ -145,7 +145,8 @@ pub fn forget_silent(shared: &mut Vec<SharedHost>, now_ms: u64, members: Option<
         }
     }
     shared.retain(|s| {
-        let horizon = match s.samples < MIN_HOST_SAMPLES {
+        // a host the admin read does not list is not kept for learning
+        let horizon = match s.samples < MIN_HOST_SAMPLES && members.is_none() {
             true => FORGET_UNLEARNED_MS,
             false => FORGET_MS,
         };
@@ -1303,6 +1304,11 @@ mod tests {
         forget_silent(&mut v, T0 + FORGET_UNLEARNED_MS - 1, None);
         assert_eq!(v.len(), 1);
         forget_silent(&mut v, T0 + FORGET_UNLEARNED_MS, None);
+        assert!(v.is_empty());
+        // where the admin read lists the cluster's hosts, one it does not
+        // list is gone (a rollout's old pods): forgotten in 10 s
+        let mut v = vec![host("10.0.0.9:80", 1)];
+        forget_silent(&mut v, T0 + FORGET_MS, Some(&[]));
         assert!(v.is_empty());
     }
 

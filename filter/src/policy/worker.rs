@@ -1350,8 +1350,10 @@ impl Worker {
         self.metrics.add(WorkerMetric::HostErrors, failures);
     }
 
-    /// A request whose host the filter chose ended, its answer not heard
-    /// (`on_host_response` ends the pick of one heard).
+    /// A request whose host the filter chose is no longer in flight to it:
+    /// its stream ended (the glue, from the log), or another host's attempt
+    /// won. `on_host_response` ends the pick too (the harness's requests end
+    /// with their answer).
     pub fn end_pick(&mut self, id: ClusterId, pick: HostPick) {
         if let Some(state) = self.clusters.get_mut(id) {
             state.hosts.track(pick, false);

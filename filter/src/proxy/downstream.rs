@@ -110,8 +110,14 @@ pub struct DownstreamRequest<H: Host> {
     /// or written): counted in `host_errors_total` when it ends.
     host_failures: u64,
     /// The cluster (and route) a latency sample goes to, and when the
-    /// request started.
+    /// request started: its headers, or for a request with a body its end
+    /// (`on_request_end`).
     sample: Option<(ClusterId, Option<RouteId>, u64)>,
+    /// A body follows the headers, not ended yet: the sample's clock is
+    /// set again when it ends. Timed from the headers, a slow upload was
+    /// latency, in the cluster's delay, its latches and its hosts' costs
+    /// (found by a review).
+    body_follows: bool,
     /// Hedges paid for when armed; settled when the stream ends.
     settlement: Option<Settlement>,
     /// `mode: shadow`: when the request started (its would-be hedges are
@@ -169,6 +175,7 @@ impl<H: Host> DownstreamRequest<H> {
             host_cluster: None,
             pick: None,
             in_flight: None,
+            body_follows: false,
             per_try_timeout_ms: None,
             armed_grpc: false,
             host_failures: 0,
@@ -504,7 +511,7 @@ impl<H: Host> DownstreamRequest<H> {
             cluster,
             pick,
             address,
-            ..
+            primary_answered,
         } = answer;
         let worker = self.worker.clone()?;
         let origin = self.origin();
@@ -513,7 +520,10 @@ impl<H: Host> DownstreamRequest<H> {
         // A reply no host received (the cluster's circuit breaker full, no
         // healthy host) is no host's failure: counted, the host named most
         // (the fastest) went on probation in an overload (found by a review)
-        let failed = !origin.unsent && (!from_upstream || origin.status.is_some_and(|c| c >= 500));
+        // (after one attempt: a retry that overflowed followed an attempt
+        // that reached its host and failed)
+        let unsent = origin.unsent && attempts.map_or(true, |a| a <= 1);
+        let failed = !unsent && (!from_upstream || origin.status.is_some_and(|c| c >= 500));
         worker.hear_host_response(
             cluster,
             pick,
@@ -526,6 +536,15 @@ impl<H: Host> DownstreamRequest<H> {
                 per_try_timeout_ms: self.per_try_timeout_ms,
             },
         );
+        // Another host than the named primary answered (the hedge won, or
+        // a retry): the primary's attempt was cancelled, so it is in flight
+        // no more (kept until the stream's end, a cancelled host looked
+        // busy for the whole stream while the winner looked idle).
+        if primary_answered == Some(false) {
+            if let Some((cluster, pick)) = self.in_flight.take() {
+                worker.end_pick(cluster, pick);
+            }
+        }
         address
     }
 
@@ -684,8 +703,25 @@ impl<H: Host> StreamCallbacks for DownstreamRequest<H> {
             body_follows: !end_of_stream,
             ..request
         };
+        self.body_follows = !end_of_stream;
         self.plan_and_carry_out(&request);
         Action::Continue
+    }
+
+    fn on_request_end(&mut self) {
+        if !std::mem::replace(&mut self.body_follows, false) {
+            return;
+        }
+        // one clock read, for a sampled request with a body only
+        if let Some((cluster, route, _)) = self.sample {
+            self.sample = match self.host.now_ns() {
+                Ok(now) => Some((cluster, route, now)),
+                Err(_) => {
+                    self.host_failures += 1;
+                    None
+                }
+            };
+        }
     }
 
     fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
@@ -1419,6 +1455,34 @@ mod tests {
         assert_eq!(warned, 1);
     }
 
+    /// Requests whose body takes half a second to upload, answered 3 ms
+    /// after it ends: the delay learned is of the 3 ms, not the upload.
+    #[test]
+    fn a_request_with_a_body_is_timed_from_its_end() {
+        let (host, mut plugin) = plugin(r#"{"min_samples": 10, "debug_header": true}"#);
+        for _ in 0..30 {
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers(false);
+            host.advance_ms(500);
+            r.on_request_end();
+            host.advance_ms(3);
+            host.respond(RELAYED);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            r.on_response_headers(true);
+            r.on_log();
+        }
+        plugin.on_tick();
+        plugin.on_tick();
+        host.request(Some("backend"), GET);
+        request(&plugin).on_request_headers(true);
+        let delay: u64 = host
+            .request_header_text(PER_TRY_TIMEOUT)
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_default();
+        assert!((1..50).contains(&delay), "armed at {delay} ms");
+    }
+
     /// Requests whose body is still coming (an upload) are armed, but a
     /// per-try timer Envoy has not started yet is no timeout fired: two of
     /// them past their delay, counted from the headers, pace nothing.
@@ -2071,6 +2135,39 @@ mod tests {
             r.on_response_body(10, true);
             r.on_log();
             assert_eq!(in_flight(&r), Some(0));
+            break;
+        }
+        // the hedge's host answered: the cancelled primary is in flight no
+        // more, from the headers on
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(tries < 200, "no armed request with a hedge host named");
+            host.request(Some("backend"), GET);
+            let mut r = request(&plugin);
+            r.on_request_headers(true);
+            let named = host
+                .request_header_text(ENDPOINT_HEADER)
+                .unwrap_or_default();
+            let mut hosts = named.split(',');
+            let (Some(primary), Some(hedge)) = (hosts.next(), hosts.next()) else {
+                r.on_log();
+                continue;
+            };
+            let (primary, hedge) = (primary.to_string(), hedge.to_string());
+            let worker = r.worker.clone().unwrap();
+            let in_flight =
+                |address: &str| worker.borrow().cluster(0).unwrap().in_flight_to(address);
+            assert_eq!(in_flight(&primary), Some(1));
+            host.advance_ms(30);
+            host.respond(RELAYED);
+            host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+            host.set_property(UPSTREAM_ADDRESS, hedge.as_bytes());
+            r.on_response_headers(false);
+            assert_eq!(in_flight(&primary), Some(0), "the primary was cancelled");
+            r.on_response_body(10, true);
+            r.on_log();
+            assert_eq!(in_flight(&primary), Some(0));
             break;
         }
     }

@@ -27,6 +27,9 @@ pub trait StreamCallbacks {
     fn on_response_trailers(&mut self) -> Action {
         Action::Continue
     }
+    /// The request's body (or trailers) ended: the request is complete, and
+    /// Envoy's per-try timer starts (for a request with a body).
+    fn on_request_end(&mut self) {}
     /// The stream is done and logged (downstream contexts).
     fn on_log(&mut self) {}
     /// The context is done (every context, cancelled attempts included).

@@ -78,6 +78,18 @@ impl<S: StreamCallbacks> HttpContext for Http<S> {
         sdk(self.0.on_request_headers(end_of_stream))
     }
 
+    fn on_http_request_body(&mut self, _body_size: usize, end_of_stream: bool) -> SdkAction {
+        if end_of_stream {
+            self.0.on_request_end();
+        }
+        SdkAction::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> SdkAction {
+        self.0.on_request_end();
+        SdkAction::Continue
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> SdkAction {
         sdk(self.0.on_response_headers(end_of_stream))
     }

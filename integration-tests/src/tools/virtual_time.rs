@@ -191,7 +191,8 @@ impl LongWeighted {
         let period = now_ms / LONG_HALF_LIFE_MS;
         let first = *self.first_period.get_or_insert(period);
         let weight = 1u64 << (period.saturating_sub(first)).min(40);
-        let _ = self.histogram.record_n(value_us.max(1), weight);
+        // clamped at the histogram's top, not dropped (as the latencies are)
+        self.histogram.saturating_record_n(value_us.max(1), weight);
     }
 
     fn p99_ms(&self) -> f64 {
@@ -609,9 +610,9 @@ pub fn run(
                 }
                 if let Some(w) = workers.get_mut(wi) {
                     // as the filter (`DownstreamRequest::on_response_headers`):
-                    // the sample, the answer read (an untimed request's pick
-                    // ended instead), the hedges settled, then the host told
-                    // (which ends the pick)
+                    // the sample, the answer read, the hedges settled, then
+                    // the host told; the pick ends with them (the filter's
+                    // at the stream's end, which here is the answer)
                     if let Some((cluster, route)) = sample {
                         w.on_response(cluster, route, elapsed);
                     }
