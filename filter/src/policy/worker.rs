@@ -4496,14 +4496,20 @@ c::h2::health_flags::/failed_active_hc
 c::h2::weight::1
 ";
 
+    /// Two workers reading the admin interface through `admin`, the first
+    /// with the three hosts of cluster `c` measured.
+    fn two_workers_reading_admin() -> (MemoryStore, Worker, Worker, Lines, usize) {
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
+        let (mut w, other) = (Worker::new(config(json)), Worker::new(config(json)));
+        let mut rr = 0;
+        // no host is slow: only the admin interface tells them apart
+        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        (MemoryStore::default(), w, other, Lines::default(), rr)
+    }
+
     #[test]
     fn after_the_clock_is_set_back_other_workers_read_the_admin_read_at_once() {
-        let store = MemoryStore::default();
-        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
-        let (mut w, mut other) = (Worker::new(config(json)), Worker::new(config(json)));
-        let mut log = Lines::default();
-        let mut rr = 0;
-        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        let (store, mut w, mut other, mut log, _) = two_workers_reading_admin();
         traffic(&mut other, "c", 1, 2000);
         w.sync(T0, &store, &mut log);
         other.sync(T0, &store, &mut log);
@@ -4557,13 +4563,7 @@ c::h2::weight::1
 
     #[test]
     fn the_admin_interface_holds_unhealthy_hosts_out_and_weighs_the_rest() {
-        let store = MemoryStore::default();
-        let json = r#"{"min_samples": 10, "admin_cluster": "admin"}"#;
-        let (mut w, mut other) = (Worker::new(config(json)), Worker::new(config(json)));
-        let mut log = Lines::default();
-        let mut rr = 0;
-        // no host is slow: only the admin interface tells them apart
-        host_traffic(&mut w, 60, usize::MAX, &mut rr);
+        let (store, mut w, mut other, mut log, mut rr) = two_workers_reading_admin();
         // nothing to read before a cluster is registered (asked again a
         // period later)
         assert_eq!(w.claim_admin_read(T0 - 5_000, &store), None);

@@ -503,17 +503,8 @@ mod tests {
         assert_eq!(paths.len(), 3, "{paths:?}");
         assert!(paths[1].starts_with("/config_dump?resource=dynamic_active_clusters"));
         assert!(paths[2].starts_with("/config_dump?resource=static_clusters"));
-        let key = crate::policy::shared_state::membership_key(
-            plugin.worker.as_ref().unwrap().borrow().geometry(),
-        );
-        let stored = || {
-            SharedStore::get(&host, &key)
-                .unwrap()
-                .map(|(bytes, _)| crate::policy::membership::Membership::decode(&bytes).unwrap())
-                .unwrap_or_default()
-        };
         // nothing stored before the last answer
-        assert_eq!(stored().read_ms, 0);
+        assert_eq!(stored_membership(&host, &plugin).read_ms, 0);
         answer(
             &mut plugin,
             3,
@@ -521,21 +512,40 @@ mod tests {
         );
         use crate::policy::membership::OutlierDetection;
         assert_eq!(
-            stored().outlier_detection.get("backend"),
+            stored_membership(&host, &plugin)
+                .outlier_detection
+                .get("backend"),
             Some(&OutlierDetection::Unsplit)
         );
         // the next read: the first dump cannot be sent
         host.advance_ms(2_000);
         plugin.on_tick();
         host.fail("dispatch_get");
-        let now = stored().claimed_ms;
+        let now = stored_membership(&host, &plugin).claimed_ms;
         answer(&mut plugin, 4, clusters);
         assert!(host.logged("cannot read Envoy's configuration dump"));
-        assert_eq!(stored().read_ms, now);
+        assert_eq!(stored_membership(&host, &plugin).read_ms, now);
         assert_eq!(
-            stored().outlier_detection.get("backend"),
+            stored_membership(&host, &plugin)
+                .outlier_detection
+                .get("backend"),
             Some(&OutlierDetection::On)
         );
+    }
+
+    /// The admin interface's read as stored in shared memory (an empty one
+    /// if none is).
+    fn stored_membership(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+    ) -> crate::policy::membership::Membership {
+        let key = crate::policy::shared_state::membership_key(
+            plugin.worker.as_ref().unwrap().borrow().geometry(),
+        );
+        SharedStore::get(host, &key)
+            .unwrap()
+            .map(|(bytes, _)| crate::policy::membership::Membership::decode(&bytes).unwrap())
+            .unwrap_or_default()
     }
 
     /// With `admin_cluster` at its default, a dump that cannot be sent
@@ -546,22 +556,19 @@ mod tests {
         let (host, mut plugin) = plugin(r#"{"admin_refresh": "2s"}"#);
         tracked_backend(&host, &plugin);
         plugin.on_tick();
-        let key = crate::policy::shared_state::membership_key(
-            plugin.worker.as_ref().unwrap().borrow().geometry(),
-        );
-        let stored = || {
-            SharedStore::get(&host, &key)
-                .unwrap()
-                .map(|(bytes, _)| crate::policy::membership::Membership::decode(&bytes).unwrap())
-                .unwrap_or_default()
-        };
         host.fail("dispatch_get");
         let clusters = b"backend::outlier::success_rate_average::-1\nbackend::10.0.0.1:80::health_flags::healthy\n";
         answer_call(&host, &mut plugin, 1, b"200", clusters);
-        assert_ne!(stored().read_ms, 0, "the /clusters answer is kept");
+        assert_ne!(
+            stored_membership(&host, &plugin).read_ms,
+            0,
+            "the /clusters answer is kept"
+        );
         use crate::policy::membership::OutlierDetection;
         assert_eq!(
-            stored().outlier_detection.get("backend"),
+            stored_membership(&host, &plugin)
+                .outlier_detection
+                .get("backend"),
             Some(&OutlierDetection::On)
         );
     }
