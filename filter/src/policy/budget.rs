@@ -175,6 +175,16 @@ impl LocalBudget {
         signed(self.terms.set_aside).min(TOKEN)
     }
 
+    /// Nothing for the shared pool to settle with this worker: no armed
+    /// hedge uncharged, nothing earned for the pool, no token above the
+    /// cap (see `Worker::sync`: a quiet cluster is read less often).
+    pub fn settled(&self) -> bool {
+        self.cohorts.is_empty()
+            && self.uncharged == 0
+            && self.surplus == 0
+            && self.free <= self.saved_cap
+    }
+
     /// What the armed hedges not yet charged would cost beyond their
     /// set-asides if every one was sent.
     fn exposure(&self) -> i64 {

@@ -683,6 +683,14 @@ impl Hosts {
         }
     }
 
+    /// Whether this worker learned anything of the hosts since the last
+    /// tick (`merge_into` has something to add).
+    pub fn has_news(&self) -> bool {
+        self.hosts
+            .iter()
+            .any(|h| h.new_samples > 0 || h.new_failures > 0.0)
+    }
+
     /// Under the compare-and-swap of the cluster's value (may run more than
     /// once, so it reads `self` only): forgets silent hosts, adds what this
     /// worker learned since the last tick.
@@ -700,11 +708,7 @@ impl Hosts {
         // cluster every tick (a thousand clusters: megabytes through the
         // shared data's lock each tick; found by a review). Nobody chooses
         // hosts of a cluster without traffic, so nothing is lost.
-        let news = self
-            .hosts
-            .iter()
-            .any(|h| h.new_samples > 0 || h.new_failures > 0.0);
-        if news {
+        if self.has_news() {
             let median = median_cost_log(shared);
             for s in shared.iter_mut() {
                 s.failures *= failure_keep(s.stamp_ms, now_ms);

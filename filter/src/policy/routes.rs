@@ -143,6 +143,11 @@ impl Routes {
         }
     }
 
+    /// Whether a route took a sample since the last tick.
+    pub fn has_news(&self) -> bool {
+        self.routes.iter().any(|r| !r.samples.is_empty())
+    }
+
     /// Under the compare-and-swap of the cluster's value (may run more than
     /// once, so it reads `self` only): ages every route's window and long
     /// horizon, and merges this worker's samples, registering a route that

@@ -262,6 +262,10 @@ pub struct ClusterState {
     /// timeout, as its admin interface last said (`None`: not known, taken
     /// as counting it).
     outlier_detection: Option<OutlierDetection>,
+    /// The last tick a request of it came to this worker, and the last
+    /// its shared value was read at (`None`: not yet): see `quiet`.
+    busy_tick: u64,
+    synced_tick: Option<u64>,
 }
 
 impl ClusterState {
@@ -382,7 +386,29 @@ impl ClusterState {
             override_check: OverrideCheck::default(),
             gauges_cleared: false,
             armed,
+            busy_tick: 0,
+            synced_tick: None,
         }
+    }
+
+    /// Nothing of it happened on this worker for `quiet_ticks` ticks up to
+    /// tick `now` and nothing is waiting to be merged: its shared value
+    /// need not be read on every tick (`Worker::sync_shared`). A stale
+    /// latch or a new regime keeps it read: they count ticks.
+    fn quiet(&self, now: u64, quiet_ticks: u64) -> bool {
+        self.tracking == Tracking::Tracked
+            && !self.revive
+            && self.synced_tick.is_some()
+            && now.saturating_sub(self.busy_tick) > quiet_ticks
+            && self.samples.is_empty()
+            && self.cut_short.is_empty()
+            && self.requests_unsynced == 0
+            && self.sent_unsynced == 0
+            && self.stale.is_none()
+            && self.regime.is_none()
+            && self.budget.settled()
+            && !self.hosts.has_news()
+            && !self.routes.has_news()
     }
 
     /// Its shared value was given up while idle (another worker needed the
@@ -600,6 +626,10 @@ pub struct Worker {
     unreadable_overrides_logged: bool,
     /// Where this tick's look for idle clusters starts in the registry.
     eviction_cursor: usize,
+    /// The next quiet cluster to read, and the time owed to quiet
+    /// clusters' reads (µs; one read per `QUIET_READ_US`): `sync_shared`.
+    quiet_cursor: usize,
+    quiet_credit_us: u64,
     /// Registered names whose key held an evicted marker, and the tick it
     /// was seen (see `stranded`).
     markers_seen: Sightings<(String, u32)>,
@@ -636,6 +666,11 @@ enum PoolTurn {
     /// Leave every token to the pool (`retire`).
     HandOver,
 }
+
+/// The longest a worker leaves a quiet cluster's shared value unread
+/// (`Worker::sync_shared`), µs. Under `budget::RATE_GAP_MS`, which a
+/// pool's rate needs reads within.
+const QUIET_READ_US: u64 = 10_000_000;
 
 /// Clusters a new plugin reads from shared memory as it takes them up
 /// (`Worker::adopt_shared`); the rest wait for its first tick.
@@ -725,6 +760,8 @@ impl Worker {
             name_taken_logged: false,
             unreadable_overrides_logged: false,
             eviction_cursor: 0,
+            quiet_cursor: 0,
+            quiet_credit_us: 0,
             markers_seen: Sightings::new(MARKERS_REMEMBERED),
             idle_seen: Sightings::new(IDLE_REMEMBERED),
             unregister: Vec::new(),
@@ -1468,6 +1505,9 @@ impl Worker {
                 .hedge_delay
                 .map_or(0, |d| d.delay_us.div_ceil(self.tick_us.max(1)));
             let requests = std::mem::take(&mut c.requests_this_tick);
+            if requests > 0 {
+                c.busy_tick = self.ticks;
+            }
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
             c.refusals.tick(self.tick_us);
@@ -1512,9 +1552,54 @@ impl Worker {
             self.register_pending(now_ms, store, log);
         }
         self.look_at_membership(now_ms, store);
-        (0..self.clusters.len().min(limit))
+        let n = self.clusters.len().min(limit);
+        // taking up the registry and retiring read every cluster
+        if pool == PoolTurn::HandOver || limit != usize::MAX {
+            return (0..n)
+                .filter(|&id| self.sync_cluster(id, now_ms, store, log, pool))
+                .count();
+        }
+        // A tick reads every cluster with news here, and of the quiet ones
+        // only as many as keeps each read every `QUIET_READ_US` (round
+        // robin). Reading all of them, a worker that had taken up a
+        // thousand clusters (the registry's, at a configuration push) read
+        // and decoded a thousand values and set fifteen thousand gauges on
+        // every tick, mostly of clusters it had no request of. A quiet
+        // cluster's delay is then up to that old when its next request
+        // comes; from the tick after, it is read on every tick again.
+        let quiet_ticks =
+            (self.geometry.slice_ms.saturating_mul(1000) / self.tick_us.max(1)).max(1);
+        let quiet: Vec<bool> = (0..n)
+            .map(|id| {
+                self.clusters
+                    .get(id)
+                    .is_some_and(|c| c.quiet(self.ticks, quiet_ticks))
+            })
+            .collect();
+        let mut synced = (0..n)
+            .filter(|&id| !quiet.get(id).copied().unwrap_or(false))
             .filter(|&id| self.sync_cluster(id, now_ms, store, log, pool))
-            .count()
+            .count();
+        let quiet_n = quiet.iter().filter(|&&q| q).count() as u64;
+        self.quiet_credit_us = self
+            .quiet_credit_us
+            .saturating_add(quiet_n.saturating_mul(self.tick_us));
+        let turns = (self.quiet_credit_us / QUIET_READ_US).min(quiet_n);
+        self.quiet_credit_us = (self.quiet_credit_us - turns * QUIET_READ_US).min(QUIET_READ_US);
+        let start = self.quiet_cursor;
+        let mut taken = 0;
+        for k in 0..n {
+            if taken >= turns {
+                break;
+            }
+            let id = start.wrapping_add(k) % n;
+            if quiet.get(id).copied().unwrap_or(false) {
+                taken += 1;
+                self.quiet_cursor = id.wrapping_add(1);
+                synced += usize::from(self.sync_cluster(id, now_ms, store, log, pool));
+            }
+        }
+        synced
     }
 
     fn tracks_a_cluster(&self) -> bool {
@@ -2081,6 +2166,7 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return false;
         };
+        state.synced_tick = Some(self.ticks);
         // its value decoded: a marker seen before is gone
         let name = &state.name;
         self.markers_seen.forget(|(n, _)| n == name);
@@ -2274,6 +2360,14 @@ impl Worker {
                         .flush(sink, Some(&state.name), |_| clear.then_some(0));
                     state.routes.flush_metrics(sink, &state.name);
                 }
+                continue;
+            }
+            // Gauges only from a value read this tick: a quiet cluster's are
+            // as they were (other workers, or this one at its next read, set
+            // them), and setting them all took a thousand clusters' fifteen
+            // gauges each on every tick.
+            if state.synced_tick != Some(self.ticks) {
+                state.metrics.flush(sink, Some(&state.name), |_| None);
                 continue;
             }
             let (delay, samples) = (
@@ -3044,6 +3138,112 @@ mod tests {
         *store.conflicts.borrow_mut() = 0;
         w.sync(T0 + 400, &store, &mut log);
         assert_eq!(w.cluster(0).unwrap().window_samples(), 100);
+    }
+
+    /// A store that counts the reads of cluster values.
+    #[derive(Default)]
+    struct CountingStore {
+        inner: MemoryStore,
+        reads: std::cell::RefCell<HashMap<String, u32>>,
+    }
+    impl SharedStore for CountingStore {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            *self.reads.borrow_mut().entry(key.to_string()).or_default() += 1;
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            self.inner.set(key, value, cas)
+        }
+    }
+    impl CountingStore {
+        /// Reads of the values of `clusters` since the last call.
+        fn take_reads(&self, clusters: &[String]) -> Vec<u32> {
+            let mut reads = self.reads.borrow_mut();
+            clusters
+                .iter()
+                .map(|c| reads.remove(&key(c)).unwrap_or(0))
+                .collect()
+        }
+    }
+
+    /// A tick reads the clusters with news here, and the quiet ones (no
+    /// request here for a slice, nothing to merge) each once every
+    /// `QUIET_READ_US`, round robin; gauges come only from values read in
+    /// the tick. Before, every tick of every worker read, decoded and set
+    /// the gauges of every cluster it had taken up: a thousand after a
+    /// configuration push adopted the registry's.
+    #[test]
+    fn quiet_clusters_are_read_in_turn_not_on_every_tick() {
+        let store = CountingStore::default();
+        let cfg = config(r#"{"min_samples": 10}"#);
+        let (mut w, mut other) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        let names: Vec<String> = (0..200).map(|i| format!("c{i}")).collect();
+        for name in &names {
+            traffic(&mut w, name, 20, 2_000);
+        }
+        let tick = TICK / 1000;
+        let mut now = T0;
+        // a slice without requests (25 ticks) and one tick: all quiet
+        for _ in 0..27 {
+            w.sync(now, &store, &mut log);
+            now += tick;
+        }
+        store.take_reads(&names);
+        // ten seconds of ticks: each quiet value read once, about four a tick
+        let mut per_tick = Vec::new();
+        for _ in 0..50 {
+            w.sync(now, &store, &mut log);
+            now += tick;
+            per_tick.push(store.take_reads(&names));
+        }
+        let total: Vec<u32> = (0..names.len())
+            .map(|i| per_tick.iter().map(|r| r[i]).sum())
+            .collect();
+        assert!(
+            total.iter().all(|&n| n == 1),
+            "reads per cluster in 10 s: {total:?}"
+        );
+        let most = per_tick.iter().map(|r| r.iter().sum::<u32>()).max();
+        assert_eq!(most, Some(4), "at most four quiet values read a tick");
+        // gauges of the values read only
+        let mut stats = Stats::default();
+        w.sync(now, &store, &mut log);
+        let read: Vec<u32> = store.take_reads(&names);
+        w.flush_metrics(&mut stats);
+        let delays: Vec<Option<u64>> = names
+            .iter()
+            .map(|n| stats.get(&format!("adaptive_hedge.hedge_delay_microseconds.{n}")))
+            .collect();
+        for (i, (r, d)) in read.iter().zip(&delays).enumerate() {
+            assert_eq!(
+                *r > 0,
+                d.unwrap_or(0) > 0,
+                "cluster {i}: read {r}, gauge {d:?}"
+            );
+        }
+        // a request makes its cluster read on the next tick, and every
+        // tick while it has requests
+        now += tick;
+        for _ in 0..3 {
+            traffic(&mut w, "c7", 1, 2_000);
+            w.sync(now, &store, &mut log);
+            now += tick;
+            assert!(store.take_reads(&names)[7] >= 1, "c7 read on a busy tick");
+        }
+        // what another worker learns reaches a quiet one within 10 s
+        let before = w.cluster(w.index[b"c3".as_slice()]).unwrap().hedge_delay();
+        traffic(&mut other, "c3", 200, 40_000);
+        other.sync(now, &store, &mut log);
+        for _ in 0..51 {
+            w.sync(now, &store, &mut log);
+            now += tick;
+        }
+        let after = w.cluster(w.index[b"c3".as_slice()]).unwrap().hedge_delay();
+        assert!(
+            after.unwrap().delay_us > before.unwrap().delay_us,
+            "{before:?} -> {after:?}"
+        );
     }
 
     /// A store in which another worker's tick runs between this worker's

@@ -318,6 +318,7 @@ fn main() {
             return exit_if_regressed(regressed);
         }
         Ok("host-calls") => return println!("{}", host_calls_section(&progress)),
+        Ok("quiet-clusters") => return println!("{}", quiet_clusters_section(&progress)),
         Ok("virtual") => return println!("{}", virtual_section(&s).0),
         Ok("workloads") => return println!("{}", workloads_section(&s).0),
         _ => {}
@@ -1585,4 +1586,92 @@ fn cost_once(options: &EnvoyOptions, seconds: f64) -> Result<(f64, f64, f64), St
         done as f64 / wall,
         fixed_cpu / fixed.ok() as f64 * 1e6,
     ))
+}
+
+/// Clusters in the idle measurement (`BENCH_ONLY=quiet-clusters`).
+const QUIET_CLUSTERS: usize = 300;
+
+/// Envoy's CPU while idle after `QUIET_CLUSTERS` clusters each had a few
+/// requests (1 worker): what the filter's ticks cost a mesh proxy whose
+/// clusters are mostly quiet. Each configuration: its own Envoy, one
+/// instant host behind every cluster, requests routed by an
+/// `x-cluster` header; then 7 s without requests (the filter calls a
+/// cluster quiet after one 5 s slice), then the CPU of 10 s, three rounds.
+/// `ADAPTIVE_HEDGE_WASM=<file>` measures another build.
+fn quiet_clusters_section(progress: &(dyn Fn(&str) + Sync)) -> String {
+    let noop = envoy::repo_root().join("build/noop_filter.wasm");
+    let configs: Vec<(&str, Option<std::path::PathBuf>)> = vec![
+        ("do-nothing wasm filter", Some(noop)),
+        ("adaptive-hedge", None),
+    ];
+    let mut md = format!(
+        "### Idle, {QUIET_CLUSTERS} clusters\n\nEnvoy (1 worker) after 10 requests to each of {QUIET_CLUSTERS} clusters, then 7 s without requests: its CPU over the next 10 s (`/proc` run time), three rounds, median.\n\n| configuration | idle CPU (ms per second) | rounds |\n|---|---|---|\n"
+    );
+    for (name, wasm) in configs {
+        progress(&format!("  quiet clusters: {name}"));
+        match quiet_clusters_once(wasm) {
+            Ok(rounds) => {
+                let shown: Vec<String> = rounds.iter().map(|r| format!("{r:.1}")).collect();
+                md.push_str(&format!(
+                    "| {name} | {:.1} | {} |\n",
+                    median(rounds.clone()),
+                    shown.join(" / ")
+                ));
+            }
+            Err(e) => md.push_str(&format!("| {name} | failed: {e} | |\n")),
+        }
+    }
+    md
+}
+
+/// One configuration of `quiet_clusters_section`: the idle CPU of each
+/// round, in ms per second.
+fn quiet_clusters_once(wasm: Option<std::path::PathBuf>) -> Result<Vec<f64>, String> {
+    let sim = integration_tests::harness::sim::Simulator::start(vec![Latency::fixed_ms(0); 4])
+        .map_err(|e| e.to_string())?;
+    let port = sim.ports().first().copied().ok_or("no host")?;
+    let clusters: String = (0..QUIET_CLUSTERS)
+        .map(|i| {
+            format!(
+                "    - name: q{i}\n      type: STATIC\n      connect_timeout: 1s\n      load_assignment:\n        cluster_name: q{i}\n        endpoints:\n          - lb_endpoints:\n              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}\n"
+            )
+        })
+        .collect();
+    let mut o = EnvoyOptions::new("envoy.yaml", sim.ports())
+        .concurrency(1)
+        .pin_to_cpu(0)
+        .edit(
+            "                        - name: default\n                          match: { prefix: \"/\" }\n                          route: { cluster: backend }",
+            "                        - name: default\n                          match: { prefix: \"/\" }\n                          route: { cluster_header: x-cluster }",
+        )
+        .edit("\n  clusters:\n", &format!("\n  clusters:\n{clusters}"));
+    if let Some(w) = wasm {
+        o = o.wasm(w);
+    }
+    let envoy = Envoy::start(o)?;
+    let client = load::client();
+    let rt = integration_tests::runtime();
+    let url = envoy.url("/");
+    for i in 0..QUIET_CLUSTERS {
+        let name = format!("q{i}");
+        let r = rt.block_on(load::open_loop_with_headers(
+            &client,
+            &url,
+            1_000.0,
+            10,
+            Duration::from_secs(5),
+            &[("x-cluster", &name)],
+        ));
+        if r.ok() < 10 {
+            return Err(format!("cluster {name}: {}", r.summary()));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(7));
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let (cpu0, t0) = (envoy.cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_secs(10));
+        rounds.push((envoy.cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(rounds)
 }
