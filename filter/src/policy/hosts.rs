@@ -683,6 +683,16 @@ impl Hosts {
         }
     }
 
+    /// `ticks` ticks passed without a `refresh` (a quiet cluster, read in
+    /// turn: `Worker::sync_shared`): the waits counted in refreshes move
+    /// by them, so that they last as long as when every tick refreshes
+    /// (found by a review: an overflow's 10 s lasted 255 s).
+    pub fn ticks_passed(&mut self, ticks: u64) {
+        let ticks = u32::try_from(ticks).unwrap_or(u32::MAX);
+        self.overflow_ticks = self.overflow_ticks.saturating_sub(ticks);
+        self.unjudged_ticks = self.unjudged_ticks.saturating_add(ticks);
+    }
+
     /// Whether this worker learned anything of the hosts since the last
     /// tick (`merge_into` has something to add).
     pub fn has_news(&self) -> bool {

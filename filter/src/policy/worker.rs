@@ -262,10 +262,15 @@ pub struct ClusterState {
     /// timeout, as its admin interface last said (`None`: not known, taken
     /// as counting it).
     outlier_detection: Option<OutlierDetection>,
-    /// The last tick a request of it came to this worker, and the last
-    /// its shared value was read at (`None`: not yet): see `quiet`.
-    busy_tick: u64,
+    /// The last tick a request of it came to this worker (`None`: none
+    /// yet, a cluster taken up at a push), and the last its shared value
+    /// was read at (`None`: not yet): see `quiet`.
+    busy_tick: Option<u64>,
     synced_tick: Option<u64>,
+    /// The admin interface's last read changed its members or outlier
+    /// detection since its value was last read (host health and weights
+    /// are applied at a read: `Hosts::refresh`).
+    membership_news: bool,
 }
 
 impl ClusterState {
@@ -386,8 +391,9 @@ impl ClusterState {
             override_check: OverrideCheck::default(),
             gauges_cleared: false,
             armed,
-            busy_tick: 0,
+            busy_tick: None,
             synced_tick: None,
+            membership_news: false,
         }
     }
 
@@ -399,7 +405,10 @@ impl ClusterState {
         self.tracking == Tracking::Tracked
             && !self.revive
             && self.synced_tick.is_some()
-            && now.saturating_sub(self.busy_tick) > quiet_ticks
+            && self
+                .busy_tick
+                .map_or(true, |busy| now.saturating_sub(busy) > quiet_ticks)
+            && !self.membership_news
             && self.samples.is_empty()
             && self.cut_short.is_empty()
             && self.requests_unsynced == 0
@@ -430,6 +439,9 @@ impl ClusterState {
         self.routes.retire_all();
         self.regime = None;
         self.gauges_cleared = false;
+        // read at its first tick once registered again, as a new cluster
+        // (found by a review: quiet at once, its first requests unarmed)
+        self.synced_tick = None;
     }
 
     /// An eligible request, armed or refused for want of tokens, for the
@@ -1506,7 +1518,7 @@ impl Worker {
                 .map_or(0, |d| d.delay_us.div_ceil(self.tick_us.max(1)));
             let requests = std::mem::take(&mut c.requests_this_tick);
             if requests > 0 {
-                c.busy_tick = self.ticks;
+                c.busy_tick = Some(self.ticks);
             }
             let per_second = 1e6 / self.tick_us.max(1) as f64;
             c.budget.tick(self.ticks, requests, per_second, delay_ticks);
@@ -1629,8 +1641,28 @@ impl Worker {
         }
         // a value that does not decode is replaced by the next read
         if let Ok(membership) = Membership::decode(&bytes) {
-            self.admin.membership = membership;
+            self.take_membership(membership, now_ms);
             self.admin.token = Some(token);
+        }
+    }
+
+    /// The admin interface's read `membership`, now this worker's. A quiet
+    /// cluster whose hosts' health or weights (or outlier detection)
+    /// changed is read at the next tick: they are applied at a read
+    /// (`Hosts::refresh`), and its next requests would have named a host
+    /// just held out (found by a review).
+    fn take_membership(&mut self, membership: Membership, now_ms: u64) {
+        let before = std::mem::replace(&mut self.admin.membership, membership);
+        let period_ms = membership_period_ms(&self.config, self.tick_us);
+        let after = &self.admin.membership;
+        for c in self.clusters.iter_mut() {
+            let name = c.envoy_cluster.as_str();
+            if before.members(name, now_ms, period_ms) != after.members(name, now_ms, period_ms)
+                || before.outlier_detection(name, now_ms, period_ms)
+                    != after.outlier_detection(name, now_ms, period_ms)
+            {
+                c.membership_news = true;
+            }
         }
     }
 
@@ -1854,7 +1886,7 @@ impl Worker {
         self.metrics.add(WorkerMetric::AdminReads, 1);
         self.admin.absent = false;
         if let Some(stored) = self.account(update, log, "membership") {
-            self.admin.membership = stored.value;
+            self.take_membership(stored.value, now_ms);
             // the token is not known: the next look decodes the value again
             self.admin.token = None;
             if std::mem::replace(&mut self.admin.failing, false) {
@@ -2166,7 +2198,14 @@ impl Worker {
         let Some(state) = self.clusters.get_mut(id) else {
             return false;
         };
+        // the ticks since its last read (a quiet cluster's, up to 10 s)
+        if let Some(last) = state.synced_tick {
+            state
+                .hosts
+                .ticks_passed(self.ticks.saturating_sub(last).saturating_sub(1));
+        }
         state.synced_tick = Some(self.ticks);
+        state.membership_news = false;
         // its value decoded: a marker seen before is gone
         let name = &state.name;
         self.markers_seen.forget(|(n, _)| n == name);
@@ -4759,6 +4798,103 @@ c::h2::weight::1
         w.sync(T0 + 400, &store, &mut log);
         let (_, after) = store.get(&key("c")).unwrap().unwrap();
         assert_eq!(before, after, "nothing changed, nothing written");
+    }
+
+    /// A quiet cluster whose hosts' health changes in the admin
+    /// interface's read is read at once: its next requests do not name the
+    /// host held out (found by a review: 93 of the next 300 went to it).
+    /// And its waits counted in ticks go on while it is quiet.
+    #[test]
+    fn a_quiet_cluster_follows_a_host_held_out_at_once() {
+        let (store, mut w, _, mut log, mut rr) = two_workers_reading_admin();
+        let mut now = T0;
+        for _ in 0..30 {
+            w.sync(now, &store, &mut log);
+            now += 200;
+        }
+        assert!(
+            w.cluster(0).unwrap().quiet(w.ticks, 25),
+            "quiet after a slice"
+        );
+        w.claim_admin_read(now, &store).unwrap();
+        w.admin_read_done(now, Ok(ADMIN_SAYS), &store, &mut log);
+        // the read reaches the worker's look (once a second) within ticks
+        for _ in 0..6 {
+            now += 200;
+            w.sync(now, &store, &mut log);
+        }
+        let arrivals = host_traffic(&mut w, 300, usize::MAX, &mut rr);
+        assert!(arrivals[2] <= 10, "the unhealthy host got {arrivals:?}");
+    }
+
+    /// A cluster with an armed hedge not yet charged is not quiet, however
+    /// long since its last request: its cohort is charged on a tick, and
+    /// the pool must see what it costs (a slow endpoint: delays of
+    /// seconds). Once charged, it is.
+    #[test]
+    fn an_armed_hedge_not_yet_charged_keeps_its_cluster_read() {
+        let store = MemoryStore::default();
+        let cfg = r#"{"min_samples": 10, "min_delay": "20s", "max_delay": "20s"}"#;
+        let mut w = Worker::new(config(cfg));
+        let mut log = Lines::default();
+        traffic(&mut w, "c", 20, 2_000);
+        let mut now = T0;
+        w.sync(now, &store, &mut log);
+        let armed = w.plan(Some(b"c"), None, &GET);
+        assert!(
+            matches!(armed.decision, Decision::Arm(_)),
+            "{:?}",
+            armed.decision
+        );
+        let quiet = |w: &Worker| w.cluster(0).unwrap().quiet(w.ticks, 25);
+        for _ in 0..60 {
+            now += 200;
+            w.sync(now, &store, &mut log);
+        }
+        assert!(!quiet(&w), "12 s on, its hedge armed at 20 s is uncharged");
+        for _ in 0..50 {
+            now += 200;
+            w.sync(now, &store, &mut log);
+        }
+        assert!(quiet(&w), "charged 20 s on: quiet");
+    }
+
+    /// A cluster evicted while this worker had it, and registered again
+    /// by another, is read at this worker's first tick after its next
+    /// request, as a new one: not taken for quiet from its old life (found
+    /// by a review: its next request went unarmed, warming up).
+    #[test]
+    fn a_cluster_registered_again_is_read_at_once() {
+        let store = MemoryStore::default();
+        let cfg = config(r#"{"min_samples": 10}"#);
+        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        let mut log = Lines::default();
+        traffic(&mut a, "p", 20, 2_000);
+        let mut now = T0;
+        a.sync(now, &store, &mut log);
+        // another worker's eviction: the marker, the name out of the registry
+        store.set(&key("p"), &SharedCluster::evicted(), 0).unwrap();
+        let empty = Registry { names: Vec::new() }.encode();
+        store.set(&registry_key(G30), &empty, 0).unwrap();
+        now += 200;
+        a.sync(now, &store, &mut log);
+        assert_eq!(a.cluster(0).unwrap().tracking, Tracking::Untracked);
+        traffic(&mut b, "p", 20, 2_000);
+        b.sync(now, &store, &mut log);
+        for _ in 0..30 {
+            now += 200;
+            a.sync(now, &store, &mut log);
+        }
+        decision(&mut a, b"p", b"GET");
+        now += 200;
+        a.sync(now, &store, &mut log);
+        let d = decision(&mut a, b"p", b"GET");
+        assert!(
+            matches!(d, Decision::Arm(_)),
+            "{d:?} {:?}",
+            a.cluster(0)
+                .map(|c| (c.tracking, c.synced_tick, c.hedge_delay))
+        );
     }
 
     #[test]
