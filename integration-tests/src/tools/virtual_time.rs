@@ -121,8 +121,23 @@ impl Scenario for BadHost {
 #[derive(Clone, Debug)]
 pub enum Policy {
     None,
-    Static { delay_ms: f64 },
-    Adaptive { plugin_config: String },
+    Static {
+        delay_ms: f64,
+    },
+    /// Envoy's `LEAST_REQUEST` balancer (the better of two hosts drawn at
+    /// random, by active requests) for the primary and for the hedge,
+    /// which goes to another host; `None`: no hedging.
+    LeastRequest {
+        delay_ms: Option<f64>,
+    },
+    /// A fixed delay per endpoint (a per-route timeout on each route),
+    /// round robin.
+    PerEndpoint {
+        delays_ms: Vec<f64>,
+    },
+    Adaptive {
+        plugin_config: String,
+    },
 }
 
 impl Policy {
@@ -130,6 +145,11 @@ impl Policy {
         match self {
             Policy::None => "no hedging".into(),
             Policy::Static { delay_ms } => format!("static {delay_ms} ms"),
+            Policy::LeastRequest { delay_ms: None } => "least request, no hedging".into(),
+            Policy::LeastRequest {
+                delay_ms: Some(delay_ms),
+            } => format!("least request, static {delay_ms} ms"),
+            Policy::PerEndpoint { delays_ms } => format!("static per endpoint {delays_ms:?} ms"),
             Policy::Adaptive { plugin_config } if plugin_config.trim() == "{}" => {
                 "adaptive (defaults)".into()
             }
@@ -264,6 +284,8 @@ enum Event {
     Issue(usize),
     Done(Finished),
     Tick,
+    /// A hedge reaches its host (for the balancer's active requests).
+    HedgeStart(usize),
 }
 
 /// A request ends.
@@ -281,11 +303,37 @@ struct Finished {
     /// timeout (host choice).
     hosts: Option<(HostPick, usize)>,
     answered: usize,
+    /// The hosts its attempts went to (the hedge's, if one was sent).
+    primary_host: usize,
+    hedge_host: Option<usize>,
     per_try_timeout_ms: Option<u64>,
     issued_us: u64,
     refused: bool,
     paced: bool,
     stale: bool,
+}
+
+/// Envoy's `LEAST_REQUEST` with equal weights: of two hosts drawn at
+/// random (with replacement), the one with fewer active requests, the
+/// first drawn on a tie; not `except` (a hedge's previous host). Why it is
+/// swept too: the best fixed delay a user could pick in hindsight comes
+/// with the balancer they could pick, and least request already keeps
+/// most requests off a slow host (its requests last longer, so it has
+/// more active); beside round robin alone the policy's host choice looked
+/// better than a user's plain choice of balancer makes it.
+fn least_active(active: &[u32], except: Option<usize>, rng: &mut StdRng) -> usize {
+    let hosts: Vec<usize> = (0..active.len()).filter(|&h| Some(h) != except).collect();
+    let draw = |rng: &mut StdRng| hosts.get(rng.gen_range(0..hosts.len().max(1))).copied();
+    match (draw(rng), draw(rng)) {
+        (Some(a), Some(b)) => {
+            if active.get(b) < active.get(a) {
+                b
+            } else {
+                a
+            }
+        }
+        _ => 0,
+    }
 }
 
 /// A simulated host's address, as Envoy would report it.
@@ -348,6 +396,11 @@ pub fn run(
     // same primaries); hedges draw from `hedge_rng`.
     let mut rng = StdRng::seed_from_u64(seed);
     let mut hedge_rng = StdRng::seed_from_u64(seed ^ 0x5851_F42D_4C95_7F2D);
+    // the least-request balancer's draws, apart from both streams
+    let mut balancer_rng = StdRng::seed_from_u64(seed ^ 0x2545_F491_4F6C_DD1D);
+    let least_request = matches!(policy, Policy::LeastRequest { .. });
+    // each host's active requests (attempts sent and not yet ended)
+    let mut active = vec![0u32; scenario.hosts()];
     let config = match policy {
         Policy::Adaptive { plugin_config } => Some(Arc::new(
             Config::parse(plugin_config.as_bytes()).map_err(|e| e.to_string())?,
@@ -427,6 +480,11 @@ pub fn run(
     let mut log = Quiet;
     while let Some(Reverse((t, _, event))) = events.pop() {
         match event {
+            Event::HedgeStart(host) => {
+                if let Some(a) = active.get_mut(host) {
+                    *a += 1;
+                }
+            }
             Event::Tick => {
                 let now_ms = t0_ms + t / 1000;
                 for w in workers.iter_mut() {
@@ -482,6 +540,13 @@ pub fn run(
                     Policy::Static { delay_ms } => {
                         (Some(delay_ms * 1000.0), None, None, None, None)
                     }
+                    Policy::LeastRequest { delay_ms } => {
+                        (delay_ms.map(|d| d * 1000.0), None, None, None, None)
+                    }
+                    Policy::PerEndpoint { delays_ms } => {
+                        let delay = delays_ms.get(endpoint).map(|d| d * 1000.0);
+                        (delay, None, None, None, None)
+                    }
                     Policy::Adaptive { .. } => {
                         // endpoints are the cluster's named routes
                         let route = route_names.get(endpoint).map(|n| n.as_bytes());
@@ -524,18 +589,34 @@ pub fn run(
                         }
                     }
                 };
-                let primary_host = named.map_or(balanced_host, |(p, _)| p);
+                let primary_host = match named {
+                    Some((p, _)) => p,
+                    None if least_request => least_active(&active, None, &mut balancer_rng),
+                    None => balanced_host,
+                };
+                if let Some(a) = active.get_mut(primary_host) {
+                    *a += 1;
+                }
                 let primary =
                     scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
                 primaries.record(t0_ms + t / 1000, primary as u64);
+                let mut hedge_host = None;
                 let (elapsed, attempts, answered) = match delay_us {
                     Some(d) if primary > d => {
                         // the hedge goes to the host named second, else to
                         // another host (previous_hosts)
-                        let other = named.and_then(|(_, h)| h).unwrap_or_else(|| {
-                            (primary_host + 1 + hedge_rng.gen_range(0..scenario.hosts() - 1))
-                                % scenario.hosts()
-                        });
+                        let other = match named.and_then(|(_, h)| h) {
+                            Some(h) => h,
+                            None if least_request => {
+                                least_active(&active, Some(primary_host), &mut balancer_rng)
+                            }
+                            None => {
+                                (primary_host + 1 + hedge_rng.gen_range(0..scenario.hosts() - 1))
+                                    % scenario.hosts()
+                            }
+                        };
+                        hedge_host = Some(other);
+                        push(&mut events, t + d as u64, Event::HedgeStart(other));
                         let hedge = scenario.endpoint_sample_us(
                             other,
                             endpoint,
@@ -565,6 +646,8 @@ pub fn run(
                         latency_us: elapsed,
                         hosts: pick,
                         answered,
+                        primary_host,
+                        hedge_host,
                         per_try_timeout_ms: delay_us.map(|d| (d / 1000.0) as u64),
                         issued_us: t,
                         refused,
@@ -583,6 +666,8 @@ pub fn run(
                 latency_us: elapsed,
                 hosts: pick,
                 answered,
+                primary_host,
+                hedge_host,
                 per_try_timeout_ms,
                 issued_us,
                 refused,
@@ -590,6 +675,12 @@ pub fn run(
                 stale,
             }) => {
                 done += 1;
+                // both attempts end: the loser is cancelled
+                for h in std::iter::once(primary_host).chain(hedge_host) {
+                    if let Some(a) = active.get_mut(h) {
+                        *a = a.saturating_sub(1);
+                    }
+                }
                 records.push(RequestRecord {
                     issued_us,
                     latency_us: elapsed,
@@ -722,6 +813,47 @@ mod tests {
             none.ms(0.99)
         );
         assert!(a.extra_load() <= 0.11, "{}", a.extra_load());
+    }
+
+    /// Least request, Envoy's balancer by active requests, sends a host
+    /// whose requests last longer fewer of them: without hedging, one bad
+    /// host's stragglers then reach fewer requests than round robin's
+    /// third, and the fixed delays' frontier is lower where hosts differ.
+    /// At a rate where requests overlap (500 req/s, 3 hosts).
+    #[test]
+    fn least_request_keeps_requests_off_a_bad_host() {
+        let open = Load::Open { rate: 500.0 };
+        let length = Length::Requests(30_000);
+        let rr = run(&BadHost, &Policy::None, open, length, 1).unwrap();
+        let lr = run(
+            &BadHost,
+            &Policy::LeastRequest { delay_ms: None },
+            open,
+            length,
+            1,
+        )
+        .unwrap();
+        // stragglers (10x a 5 ms body): 30% of the bad host's requests,
+        // 5% of the others'
+        let slow = |o: &Outcome| {
+            o.log.iter().filter(|r| r.latency_us > 30_000).count() as f64 / o.log.len() as f64
+        };
+        assert!(
+            slow(&lr) < 0.9 * slow(&rr),
+            "requests over 30 ms: least request {}, round robin {}",
+            slow(&lr),
+            slow(&rr)
+        );
+        assert_eq!(lr.hedges, 0);
+        let hedged = Policy::LeastRequest {
+            delay_ms: Some(10.0),
+        };
+        let h = run(&BadHost, &hedged, open, length, 1).unwrap();
+        assert!(
+            h.hedges > 0 && h.ms(0.99) < lr.ms(0.99),
+            "{} ms",
+            h.ms(0.99)
+        );
     }
 
     /// After a shift up x3 (the real bench's: 500 req/s, half-way through

@@ -399,6 +399,14 @@ pub struct Judged {
     pub no_hedging: (f64, f64),
     /// (delay ms, extra load, p99 ms, p999 ms) of each fixed delay.
     pub sweep: Vec<(f64, f64, f64, f64)>,
+    /// The same delays with Envoy's least-request balancer instead of
+    /// round robin, and its p99 and p999 without hedging.
+    pub least_request_sweep: Vec<(f64, f64, f64, f64)>,
+    pub least_request_no_hedging: (f64, f64),
+    /// With several endpoints: a delay per endpoint, each at the same
+    /// quantile of its own latency without hedging (per-route timeouts),
+    /// as (quantile, extra load, p99 ms, p999 ms).
+    pub per_endpoint_sweep: Vec<(f64, f64, f64, f64)>,
     /// The same delays set through the filter (`min_delay` = `max_delay`):
     /// under its budget, as a user who fixed the delay would have them.
     pub budgeted_sweep: Vec<(f64, f64, f64, f64)>,
@@ -407,8 +415,13 @@ pub struct Judged {
     pub policy_load: f64,
     /// Share of the policy's requests refused for want of budget.
     pub policy_refused: f64,
+    /// The frontier of every fixed delay with either balancer, at the
+    /// policy's extra load.
     pub frontier_p99: f64,
     pub frontier_p999: f64,
+    /// The frontier of the fixed delays with round robin alone (the
+    /// frontier until 2026-11-29).
+    pub round_robin_frontier: (f64, f64),
     /// The frontier of `budgeted_sweep` at the policy's extra load.
     pub budgeted_frontier: (f64, f64),
     /// The policy's p99 over all requests and the frontier's (differs from
@@ -507,8 +520,10 @@ fn with_fixed_delay(plugin_config: &str, delay_ms: f64) -> Result<String, String
 pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, String> {
     let requests = ((w.requests as f64 * scale) as u64).max(5_000);
     let none = run(w, &Policy::None, requests)?;
+    let least_none = run(w, &Policy::LeastRequest { delay_ms: None }, requests)?;
     let mut sweep: Vec<(f64, f64, f64, f64)> = Vec::new();
-    let mut mix_p99 = vec![(0.0, none.ms(0.99))];
+    let mut least_request_sweep: Vec<(f64, f64, f64, f64)> = Vec::new();
+    let mut mix_p99 = vec![(0.0, none.ms(0.99)), (0.0, least_none.ms(0.99))];
     for q in SWEEP_QUANTILES {
         let delay_ms = (none.ms(q)).max(1.0).round();
         if sweep.iter().any(|(d, ..)| *d == delay_ms) {
@@ -517,6 +532,24 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         let o = run(w, &Policy::Static { delay_ms }, requests)?;
         sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
         mix_p99.push((o.extra_load(), o.ms(0.99)));
+        let delay = Some(delay_ms);
+        let o = run(w, &Policy::LeastRequest { delay_ms: delay }, requests)?;
+        least_request_sweep.push((delay_ms, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
+        mix_p99.push((o.extra_load(), o.ms(0.99)));
+    }
+    // several endpoints: per-route delays, each endpoint's quantile
+    let mut per_endpoint_sweep = Vec::new();
+    if none.per_endpoint.len() > 1 {
+        for q in SWEEP_QUANTILES {
+            let delays_ms: Vec<f64> = none
+                .per_endpoint
+                .iter()
+                .map(|h| (h.value_at_quantile(q) as f64 / 1000.0).max(1.0).round())
+                .collect();
+            let o = run(w, &Policy::PerEndpoint { delays_ms }, requests)?;
+            per_endpoint_sweep.push((q, o.extra_load(), o.tail_ms(0.99), o.tail_ms(0.999)));
+            mix_p99.push((o.extra_load(), o.ms(0.99)));
+        }
     }
     // the same delays through the filter, configured as the policy otherwise
     let mut budgeted_sweep = Vec::new();
@@ -539,9 +572,21 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
             .chain(sweep.iter().map(|s| (s.1, at(s))))
             .collect::<Vec<(f64, f64)>>()
     };
-    let p99 = front(&sweep, |s| s.2, 0.99);
-    let p999 = front(&sweep, |s| s.3, 0.999);
     let load = policy.extra_load();
+    let round_robin_frontier = (
+        frontier_at(&front(&sweep, |s| s.2, 0.99), load),
+        frontier_at(&front(&sweep, |s| s.3, 0.999), load),
+    );
+    // both balancers' points, each balancer's no hedging at zero load
+    let both = |at: fn(&(f64, f64, f64, f64)) -> f64, q: f64| {
+        let mut points = front(&sweep, at, q);
+        points.push((0.0, least_none.tail_ms(q)));
+        points.extend(least_request_sweep.iter().map(|s| (s.1, at(s))));
+        points.extend(per_endpoint_sweep.iter().map(|s| (s.1, at(s))));
+        points
+    };
+    let p99 = both(|s| s.2, 0.99);
+    let p999 = both(|s| s.3, 0.999);
     let budgeted_frontier = (
         frontier_at(&front(&budgeted_sweep, |s| s.2, 0.99), load),
         frontier_at(&front(&budgeted_sweep, |s| s.3, 0.999), load),
@@ -551,6 +596,10 @@ pub fn judge(w: &Workload, plugin_config: &str, scale: f64) -> Result<Judged, St
         no_hedging: (none.tail_ms(0.99), none.tail_ms(0.999)),
         frontier_p99: frontier_at(&p99, load),
         frontier_p999: frontier_at(&p999, load),
+        round_robin_frontier,
+        least_request_no_hedging: (least_none.tail_ms(0.99), least_none.tail_ms(0.999)),
+        least_request_sweep,
+        per_endpoint_sweep,
         sweep,
         budgeted_sweep,
         budgeted_frontier,
