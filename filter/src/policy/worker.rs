@@ -7,7 +7,7 @@
 //! shared memory and refreshes the cached hedge delays from the window all
 //! workers fill together.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::backend_latency::{backend_quantile, primary_cut_short};
@@ -66,6 +66,11 @@ const MARKERS_REMEMBERED: usize = 32;
 /// Routes with overrides in their metadata a worker knows at most (each is
 /// hedged as a cluster of its own; past this their requests are not armed).
 const MAX_ROUTE_VARIANTS: usize = 64;
+
+/// Route overrides whose warnings or refusal a worker remembers having
+/// logged (`Worker::variant`); past this it forgets them all and may log
+/// each once more.
+const VARIANT_LOGS_REMEMBERED: usize = 4_096;
 
 /// Slices that make up the "recent" quantile (see `hedge_delay`).
 const RECENT_SLICES: u64 = 2;
@@ -663,6 +668,10 @@ pub struct Worker {
     random: u64,
     /// Routes whose metadata overrides their cluster's policy.
     variants: Vec<RouteVariant>,
+    /// The overrides (cluster, route and metadata hashed) whose warnings
+    /// or refusal were logged: an entry the table gave up and made again
+    /// is not logged again.
+    variant_logs: HashSet<u64>,
     /// The routes' overrides as last read (the proxy glue reads them).
     route_metadata: RouteMetadataCache,
     /// Lines to log on the next tick (`plan` has no logger).
@@ -782,6 +791,7 @@ impl Worker {
             adopted: false,
             random: 0,
             variants: Vec::new(),
+            variant_logs: HashSet::new(),
             route_metadata: RouteMetadataCache::new(tick_us),
             pending_log: Vec::new(),
             admin: AdminReads::default(),
@@ -1172,10 +1182,18 @@ impl Worker {
                     .route_policy(&base, json, prefix, &mut warnings)
                     .map_err(|e| refusal(&e.field, &e.value, &e.rule))
             });
+        // Said once per overrides: with more routes in use than the
+        // table holds, each was made again and logged again, over and over.
+        if self.variant_logs.len() >= VARIANT_LOGS_REMEMBERED {
+            self.variant_logs.clear();
+        }
+        let first_sight = self.variant_logs.insert(
+            fnv1a(metadata) ^ fnv1a(cluster).rotate_left(21) ^ fnv1a(route).rotate_left(42),
+        );
         // A route cannot switch host choice on by itself: where the
         // configuration chooses hosts for no cluster, its cluster's policy
         // has it off, which `Config::route_policy` keeps (and says so).
-        for w in warnings {
+        for w in warnings.into_iter().filter(|_| first_sight) {
             self.pending_log.push((
                 Level::Warn,
                 format!("route \"{suffix}\" of cluster \"{cluster_name}\": {w}"),
@@ -1230,10 +1248,12 @@ impl Worker {
             },
             Err(why) => {
                 self.metrics.add(WorkerMetric::RouteOverridesRefused, 1);
-                self.pending_log.push((
-                    Level::Error,
-                    format!("route \"{suffix}\" of cluster \"{cluster_name}\": {why}; its requests are not hedged"),
-                ));
+                if first_sight {
+                    self.pending_log.push((
+                        Level::Error,
+                        format!("route \"{suffix}\" of cluster \"{cluster_name}\": {why}; its requests are not hedged"),
+                    ));
+                }
                 None
             }
         };
@@ -3990,6 +4010,43 @@ mod tests {
         );
         w.sync(T0, &store, &mut log);
         assert_ne!(plan(&mut w, 100), Decision::Skip(Skip::Untracked));
+    }
+
+    /// Overrides refused are said once, not each time the table gives
+    /// their entry up and makes it again (more routes with overrides in
+    /// use than it holds); their requests stay unarmed and counted.
+    #[test]
+    fn refused_overrides_made_again_are_said_once() {
+        use crate::route_metadata::encode;
+        let store = MemoryStore::default();
+        let mut log = Lines::default();
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"c");
+        let bad = encode(&serde_json::json!({ "percentile": 7 }));
+        let good = |i: usize| encode(&serde_json::json!({ "percentile": 0.5 + i as f64 / 1000.0 }));
+        let mut now = T0;
+        for round in 0..3 {
+            let d = w
+                .plan_route(Some(b"c"), Some(b"bad"), &bad, &GET, None)
+                .decision;
+            assert_eq!(d, Decision::Skip(Skip::RouteMetadata), "round {round}");
+            now += 200;
+            w.sync(now, &store, &mut log);
+            // enough other routes to push its entry out
+            for i in 0..MAX_ROUTE_VARIANTS {
+                w.plan_route(
+                    Some(b"c"),
+                    Some(format!("r{i}").as_bytes()),
+                    &good(i),
+                    &GET,
+                    None,
+                );
+            }
+            now += 200;
+            w.sync(now, &store, &mut log);
+        }
+        let said = log.0.iter().filter(|l| l.contains("route \"bad\"")).count();
+        assert_eq!(said, 1, "{:?}", log.0);
     }
 
     /// A route's own state is named `<cluster>.route.<route>`; an Envoy

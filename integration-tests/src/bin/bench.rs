@@ -1313,27 +1313,28 @@ fn instructions_section(
     // BENCH_CONFIGS=adaptive: only the configurations whose names start so
     // (about a minute and a half each)
     let only = Selection::from_env("BENCH_CONFIGS");
-    let mut rows: Vec<(&str, f64, f64)> = Vec::new();
+    let mut rows: Vec<(&str, f64, f64, f64)> = Vec::new();
     for (name, options) in configs {
         if !only.picks(name) {
             continue;
         }
         progress(&format!("  callgrind: {name}"));
         match integration_tests::tools::callgrind::count(options, requests, rate) {
-            Ok(c) => rows.push((name, c.per_request, c.idle_per_second)),
+            Ok(c) => rows.push((name, c.per_request, c.busy_per_second, c.idle_per_second)),
             Err(e) => progress(&format!("  callgrind: {name}: failed: {e}")),
         }
     }
-    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests; the instructions of an equally long idle period (ticks, stats) are subtracted. At this rate every request is also a latency sample (a clock read at each end, the response headers, the answering host's address); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | idle instructions per second |\n|---|---|---|---|\n"));
+    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests, then half as many at half the rate for as long: a request's instructions are the difference over the requests' difference (the ticks of a busy cluster are in both), the rest of the first load is the busy cluster's background (ticks, stats) per second; then as long without requests (the cluster quiet after 5 s). At this rate every request is also a latency sample (a clock read at each end, the response headers, the answering host's address); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | busy background per second | idle per second |\n|---|---|---|---|---|\n"));
     let noop_count = rows
         .iter()
         .find(|r| r.0 == "do-nothing wasm filter")
         .map_or(f64::NAN, |r| r.1);
-    for (name, per_request, idle) in &rows {
+    for (name, per_request, busy, idle) in &rows {
         md.push_str(&format!(
-            "| {name} | {:.0}k | {:+.0}k | {:.0}k |\n",
+            "| {name} | {:.0}k | {:+.0}k | {:.0}k | {:.0}k |\n",
             per_request / 1e3,
             (per_request - noop_count) / 1e3,
+            busy / 1e3,
             idle / 1e3
         ));
     }
@@ -1355,11 +1356,11 @@ fn instructions_section(
     }
     let json = json!(rows
         .iter()
-        .map(|(n, r, i)| json!({"name": n, "instructions_per_request": r, "idle_instructions_per_second": i}))
+        .map(|(n, r, b, i)| json!({"name": n, "instructions_per_request": r, "busy_instructions_per_second": b, "idle_instructions_per_second": i}))
         .collect::<Vec<_>>());
     let own: Vec<(&str, f64)> = rows
         .iter()
-        .map(|(name, per_request, _)| (*name, per_request - noop_count))
+        .map(|(name, per_request, ..)| (*name, per_request - noop_count))
         .filter(|(_, own)| own.is_finite())
         .collect();
     let (check, regressed) = regression_check(&own);
