@@ -3002,6 +3002,21 @@ mod tests {
             .collect()
     }
 
+    /// A store, a log and two workers configured by `json`.
+    fn two_workers(json: &str) -> (MemoryStore, Lines, Worker, Worker) {
+        let cfg = config(json);
+        let (a, b) = (Worker::new(cfg.clone()), Worker::new(cfg));
+        (MemoryStore::default(), Lines::default(), a, b)
+    }
+
+    /// A store, a log and a worker at the defaults whose cluster "c"
+    /// answered (the route overrides' tests).
+    fn worker_of_c() -> (MemoryStore, Lines, Worker) {
+        let mut w = Worker::new(config("{}"));
+        w.confirm_cluster(b"c");
+        (MemoryStore::default(), Lines::default(), w)
+    }
+
     fn decision(w: &mut Worker, cluster: &[u8], method: &[u8]) -> Decision {
         w.plan(Some(cluster), None, &Request { method, ..GET })
             .decision
@@ -3012,10 +3027,7 @@ mod tests {
     #[test]
     fn a_route_s_raised_min_samples_is_met_whole_again() {
         use crate::route_metadata::encode;
-        let store = MemoryStore::default();
-        let mut log = Lines::default();
-        let mut w = Worker::new(config("{}"));
-        w.confirm_cluster(b"c");
+        let (store, mut log, mut w) = worker_of_c();
         let low = encode(&serde_json::json!({ "min_samples": 20 }));
         for i in 0..60 {
             let p = w.plan_route(Some(b"c"), Some(b"r"), &low, &GET, None);
@@ -3128,10 +3140,7 @@ mod tests {
 
     #[test]
     fn two_workers_learn_together() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"min_samples": 100}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) = two_workers(r#"{"min_samples": 100}"#);
         // 60 samples on each worker: neither alone has min_samples
         traffic(&mut a, "c", 60, 2000);
         traffic(&mut b, "c", 60, 2000);
@@ -3331,10 +3340,7 @@ mod tests {
     /// writes. Nothing either wrote may be lost (a write with CAS 0 would
     /// erase `b`'s samples and requests, or its cluster's registration).
     fn first_ticks_interleaved(key: &str, b_cluster: &str) -> MemoryStore {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"min_samples": 50}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) = two_workers(r#"{"min_samples": 50}"#);
         traffic(&mut a, "c", 30, 2000);
         traffic(&mut b, b_cluster, 30, 2000);
         let interleaved = Interleaved {
@@ -3599,10 +3605,8 @@ mod tests {
 
     #[test]
     fn clusters_past_the_limit_pass_through_and_are_counted() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"max_clusters": 2, "min_samples": 1}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) =
+            two_workers(r#"{"max_clusters": 2, "min_samples": 1}"#);
         traffic(&mut a, "one", 5, 1000);
         traffic(&mut b, "two", 5, 1000);
         a.sync(T0, &store, &mut log);
@@ -3714,10 +3718,8 @@ mod tests {
     /// one that took its slot next, in turn.
     #[test]
     fn a_cluster_just_registered_keeps_its_slot_for_a_slice() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"max_clusters": 1, "min_samples": 1}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) =
+            two_workers(r#"{"max_clusters": 1, "min_samples": 1}"#);
         decision(&mut a, b"p", b"GET");
         a.sync(T0, &store, &mut log);
         assert_eq!(registry(&store), ["p"]);
@@ -3795,10 +3797,8 @@ mod tests {
     /// out by the next eviction as it is, once seen at an earlier tick.
     #[test]
     fn a_marker_beside_a_registered_name_is_not_revived_and_is_cleared_later() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"max_clusters": 1, "min_samples": 1}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) =
+            two_workers(r#"{"max_clusters": 1, "min_samples": 1}"#);
         traffic(&mut a, "x", 5, 1000);
         a.sync(T0, &store, &mut log);
         // the evicting worker wrote the marker, its registry update is lost
@@ -3943,10 +3943,8 @@ mod tests {
     /// its clusters first); a can still track the registered ones.
     #[test]
     fn a_worker_full_of_refused_names_still_tracks_registered_clusters() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"max_clusters": 2, "min_samples": 1}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) =
+            two_workers(r#"{"max_clusters": 2, "min_samples": 1}"#);
         traffic(&mut b, "b1", 5, 1000);
         traffic(&mut b, "b2", 5, 1000);
         b.sync(T0, &store, &mut log);
@@ -3990,10 +3988,7 @@ mod tests {
     #[test]
     fn a_full_variant_table_gives_the_stalest_entry_up() {
         use crate::route_metadata::encode;
-        let store = MemoryStore::default();
-        let mut log = Lines::default();
-        let mut w = Worker::new(config("{}"));
-        w.confirm_cluster(b"c");
+        let (store, mut log, mut w) = worker_of_c();
         let plan = |w: &mut Worker, hedges: usize| {
             let metadata =
                 encode(&serde_json::json!({ "percentile": 0.5 + hedges as f64 / 1000.0 }));
@@ -4018,10 +4013,7 @@ mod tests {
     #[test]
     fn refused_overrides_made_again_are_said_once() {
         use crate::route_metadata::encode;
-        let store = MemoryStore::default();
-        let mut log = Lines::default();
-        let mut w = Worker::new(config("{}"));
-        w.confirm_cluster(b"c");
+        let (store, mut log, mut w) = worker_of_c();
         let bad = encode(&serde_json::json!({ "percentile": 7 }));
         let good = |i: usize| encode(&serde_json::json!({ "percentile": 0.5 + i as f64 / 1000.0 }));
         let mut now = T0;
@@ -4922,10 +4914,7 @@ c::h2::weight::1
     /// by a review: its next request went unarmed, warming up).
     #[test]
     fn a_cluster_registered_again_is_read_at_once() {
-        let store = MemoryStore::default();
-        let cfg = config(r#"{"min_samples": 10}"#);
-        let (mut a, mut b) = (Worker::new(cfg.clone()), Worker::new(cfg));
-        let mut log = Lines::default();
+        let (store, mut log, mut a, mut b) = two_workers(r#"{"min_samples": 10}"#);
         traffic(&mut a, "p", 20, 2_000);
         let mut now = T0;
         a.sync(now, &store, &mut log);
