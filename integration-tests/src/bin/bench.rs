@@ -960,6 +960,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
             "frontier": {"p99_ms": j.frontier_p99, "p999_ms": j.frontier_p999},
             "sweep": j.sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
             "least_request_no_hedging_p99_ms": j.least_request_no_hedging.0,
+            "least_request_no_hedging_p999_ms": j.least_request_no_hedging.1,
             "least_request_sweep": j.least_request_sweep.iter().map(|(d, l, p99, p999)| json!({"delay_ms": d, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
             "round_robin_frontier": {"p99_ms": j.round_robin_frontier.0, "p999_ms": j.round_robin_frontier.1},
             "per_endpoint_sweep": j.per_endpoint_sweep.iter().map(|(q, l, p99, p999)| json!({"quantile": q, "extra_load": l, "p99_ms": p99, "p999_ms": p999})).collect::<Vec<_>>(),
@@ -1324,7 +1325,7 @@ fn instructions_section(
             Err(e) => progress(&format!("  callgrind: {name}: failed: {e}")),
         }
     }
-    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests, then half as many at half the rate for as long: a request's instructions are the difference over the requests' difference (the ticks of a busy cluster are in both), the rest of the first load is the busy cluster's background (ticks, stats) per second; then as long without requests (the cluster quiet after 5 s). At this rate every request is also a latency sample (a clock read at each end, the response headers, the answering host's address); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | busy background per second | idle per second |\n|---|---|---|---|---|\n"));
+    md.push_str(&format!("Envoy (1 worker) under `valgrind --tool=callgrind`, {requests} requests at {rate} req/s to an instant upstream after 300 warm-up requests, then half as many at half the rate for as long: a request's instructions are the difference over the requests' difference (the ticks of a busy cluster are in both), the rest of the first load is the busy cluster's background (ticks, stats) per second; then, 6 s on (the cluster quiet), as long without requests. At this rate every request is also a latency sample (a clock read at each end, the response headers, the answering host's address); above 256 requests per cluster per worker per 200 ms tick most are not.\n\n| configuration | instructions per request | over the do-nothing filter | busy background per second | idle per second |\n|---|---|---|---|---|\n"));
     let noop_count = rows
         .iter()
         .find(|r| r.0 == "do-nothing wasm filter")

@@ -4,9 +4,10 @@
 //! between configurations are real.
 //!
 //! Per configuration: warm up, zero the counters, send `requests` at a low
-//! rate, dump; zero, stay idle as long, dump; per request = (load - idle) /
-//! requests, so the timer work of the idle period (ticks, stats flushes) is
-//! not charged to requests.
+//! rate, dump; zero, send half as many at half the rate (as long), dump;
+//! per request = the difference over the requests' difference, so the
+//! timer work of a busy cluster (ticks, stats flushes), in both, is not
+//! charged to requests; then, the cluster quiet, an idle period as long.
 
 use std::path::Path;
 use std::process::Command;
@@ -119,8 +120,8 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
     // quiet cluster's ticks cost less than a busy one's (design.md,
     // "Quiet clusters are read in turn"), that put the busy ticks (22k a
     // request at 50 a second) on the requests.
+    // (instructions, seconds) of each load
     let mut loaded = Vec::new();
-    let mut busy = Duration::ZERO;
     for (i, (n, r)) in [(requests, rate), (requests / 2, rate / 2.0)]
         .into_iter()
         .enumerate()
@@ -128,24 +129,27 @@ pub fn count(options: EnvoyOptions, requests: u64, rate: f64) -> Result<Count, S
         control(pid, "-z")?;
         let started = Instant::now();
         let run = rt.block_on(load::open_loop(&client, &url, r, n, timeout));
-        busy = started.elapsed();
+        let took = started.elapsed();
         control(pid, "-d")?;
         if run.ok() < n {
             return Err(format!("load failed: {}", run.summary()));
         }
-        loaded.push(totals(&dir.join(format!("callgrind.out.{}", i + 1)))?);
+        let counted = totals(&dir.join(format!("callgrind.out.{}", i + 1)))?;
+        loaded.push((counted, took));
     }
-    // then a period as long without requests (the cluster goes quiet
-    // after 5 s of it)
+    let ((full, busy), (half, _)) = match loaded.as_slice() {
+        [full, half] => (*full, *half),
+        _ => return Err("no counts".into()),
+    };
+    // then as long without requests, once the cluster is quiet (a slice,
+    // 5 s, after its last request: design.md, "Quiet clusters are read in
+    // turn")
+    std::thread::sleep(Duration::from_secs(6));
     control(pid, "-z")?;
     std::thread::sleep(busy);
     control(pid, "-d")?;
     let idle = totals(&dir.join("callgrind.out.3"))?;
     drop(envoy);
-    let (full, half) = match loaded.as_slice() {
-        [full, half] => (*full, *half),
-        _ => return Err("no counts".into()),
-    };
     let per_request = (full - half) / (requests - requests / 2).max(1) as f64;
     Ok(Count {
         per_request,

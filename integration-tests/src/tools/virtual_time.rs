@@ -286,6 +286,20 @@ enum Event {
     Tick,
     /// A hedge reaches its host (for the balancer's active requests).
     HedgeStart(usize),
+    /// A least-request hedge is due: its host is chosen now, by the
+    /// active requests at this moment, as Envoy's router does when the
+    /// per-try timeout fires.
+    LeastRequestHedge(Box<PendingHedge>),
+}
+
+/// A request whose primary outlives its delay under `LeastRequest`: what
+/// it will be if the hedge loses (`finished`), the primary's latency and
+/// the delay (µs), and the issue time in ms of the run.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct PendingHedge {
+    finished: Finished,
+    primary_us: u64,
+    delay_us: u64,
 }
 
 /// A request ends.
@@ -315,7 +329,9 @@ struct Finished {
 
 /// Envoy's `LEAST_REQUEST` with equal weights: of two hosts drawn at
 /// random (with replacement), the one with fewer active requests, the
-/// first drawn on a tie; not `except` (a hedge's previous host). Why it is
+/// first drawn on a tie; not `except` (a hedge's previous host: Envoy
+/// draws from all and `previous_hosts` rejects it, up to three times,
+/// which this draws among the others at once). Why it is
 /// swept too: the best fixed delay a user could pick in hindsight comes
 /// with the balancer they could pick, and least request already keeps
 /// most requests off a slow host (its requests last longer, so it has
@@ -601,15 +617,18 @@ pub fn run(
                     scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
                 primaries.record(t0_ms + t / 1000, primary as u64);
                 let mut hedge_host = None;
+                let mut pending_hedge = None;
                 let (elapsed, attempts, answered) = match delay_us {
+                    // its host is chosen when it is due
+                    Some(d) if primary > d && least_request => {
+                        pending_hedge = Some(d);
+                        (primary, 1, primary_host)
+                    }
                     Some(d) if primary > d => {
                         // the hedge goes to the host named second, else to
                         // another host (previous_hosts)
                         let other = match named.and_then(|(_, h)| h) {
                             Some(h) => h,
-                            None if least_request => {
-                                least_active(&active, Some(primary_host), &mut balancer_rng)
-                            }
                             None => {
                                 (primary_host + 1 + hedge_rng.gen_range(0..scenario.hosts() - 1))
                                     % scenario.hosts()
@@ -633,27 +652,64 @@ pub fn run(
                     _ => (primary, 1, primary_host),
                 };
                 let elapsed = elapsed.max(1.0) as u64;
+                let finished = Finished {
+                    caller,
+                    worker: wi,
+                    endpoint,
+                    sample,
+                    settlement,
+                    attempts,
+                    latency_us: elapsed,
+                    hosts: pick,
+                    answered,
+                    primary_host,
+                    hedge_host,
+                    per_try_timeout_ms: delay_us.map(|d| (d / 1000.0) as u64),
+                    issued_us: t,
+                    refused,
+                    paced,
+                    stale,
+                };
+                match pending_hedge {
+                    Some(d) => push(
+                        &mut events,
+                        t + d as u64,
+                        Event::LeastRequestHedge(Box::new(PendingHedge {
+                            finished,
+                            primary_us: primary as u64,
+                            delay_us: d as u64,
+                        })),
+                    ),
+                    None => push(&mut events, t + elapsed, Event::Done(finished)),
+                }
+            }
+            Event::LeastRequestHedge(pending) => {
+                let PendingHedge {
+                    mut finished,
+                    primary_us,
+                    delay_us,
+                } = *pending;
+                let other = least_active(&active, Some(finished.primary_host), &mut balancer_rng);
+                if let Some(a) = active.get_mut(other) {
+                    *a += 1;
+                }
+                let hedge = scenario.endpoint_sample_us(
+                    other,
+                    finished.endpoint,
+                    t as f64 / 1000.0,
+                    total_ms,
+                    &mut hedge_rng,
+                ) as u64;
+                finished.attempts = 2;
+                finished.hedge_host = Some(other);
+                if delay_us + hedge < primary_us {
+                    finished.latency_us = (delay_us + hedge).max(1);
+                    finished.answered = other;
+                }
                 push(
                     &mut events,
-                    t + elapsed,
-                    Event::Done(Finished {
-                        caller,
-                        worker: wi,
-                        endpoint,
-                        sample,
-                        settlement,
-                        attempts,
-                        latency_us: elapsed,
-                        hosts: pick,
-                        answered,
-                        primary_host,
-                        hedge_host,
-                        per_try_timeout_ms: delay_us.map(|d| (d / 1000.0) as u64),
-                        issued_us: t,
-                        refused,
-                        paced,
-                        stale,
-                    }),
+                    finished.issued_us + finished.latency_us,
+                    Event::Done(finished),
                 );
             }
             Event::Done(Finished {
