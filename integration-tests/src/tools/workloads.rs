@@ -784,15 +784,9 @@ mod tests {
     /// 154 (found by a review).
     #[test]
     fn more_ways_to_fix_the_delay_never_raise_the_frontier() {
-        for id in [36] {
-            let j = judge(&Workload::generate(DEFAULT_SEED, id), "{}", 1.0).unwrap();
-            let (rr99, rr999) = j.round_robin_frontier;
-            assert!(j.frontier_p99 <= rr99, "{id}: {} > {rr99}", j.frontier_p99);
-            assert!(
-                j.frontier_p999 <= rr999,
-                "{id}: {} > {rr999}",
-                j.frontier_p999
-            );
-        }
+        let j = judge(&Workload::generate(DEFAULT_SEED, 36), "{}", 1.0).unwrap();
+        let (rr99, rr999) = j.round_robin_frontier;
+        assert!(j.frontier_p99 <= rr99, "{} > {rr99}", j.frontier_p99);
+        assert!(j.frontier_p999 <= rr999, "{} > {rr999}", j.frontier_p999);
     }
 }
