@@ -327,6 +327,13 @@ struct Finished {
     stale: bool,
 }
 
+/// An attempt reached `host`: one more active request there.
+fn attempt_started(active: &mut [u32], host: usize) {
+    if let Some(a) = active.get_mut(host) {
+        *a += 1;
+    }
+}
+
 /// Envoy's `LEAST_REQUEST` with equal weights: of two hosts drawn at
 /// random (with replacement), the one with fewer active requests, the
 /// first drawn on a tie; not `except` (a hedge's previous host: Envoy
@@ -497,9 +504,7 @@ pub fn run(
     while let Some(Reverse((t, _, event))) = events.pop() {
         match event {
             Event::HedgeStart(host) => {
-                if let Some(a) = active.get_mut(host) {
-                    *a += 1;
-                }
+                attempt_started(&mut active, host);
             }
             Event::Tick => {
                 let now_ms = t0_ms + t / 1000;
@@ -610,9 +615,7 @@ pub fn run(
                     None if least_request => least_active(&active, None, &mut balancer_rng),
                     None => balanced_host,
                 };
-                if let Some(a) = active.get_mut(primary_host) {
-                    *a += 1;
-                }
+                attempt_started(&mut active, primary_host);
                 let primary =
                     scenario.endpoint_sample_us(primary_host, endpoint, t_ms, total_ms, &mut rng);
                 primaries.record(t0_ms + t / 1000, primary as u64);
@@ -690,9 +693,7 @@ pub fn run(
                     delay_us,
                 } = *pending;
                 let other = least_active(&active, Some(finished.primary_host), &mut balancer_rng);
-                if let Some(a) = active.get_mut(other) {
-                    *a += 1;
-                }
+                attempt_started(&mut active, other);
                 let hedge = scenario.endpoint_sample_us(
                     other,
                     finished.endpoint,
