@@ -6,8 +6,10 @@
 //!
 //! `BENCH_QUICK=1`: small counts, fewer configurations, no conclusions (a
 //! smoke run for CI). `BENCH_ADAPTIVE='{...}'`: the filter so configured
-//! too, beside its defaults. `BENCH_ONLY=virtual` (seconds), `BENCH_ONLY=cost` or
-//! `BENCH_ONLY=instructions` (callgrind):
+//! too, beside its defaults. `BENCH_ONLY=virtual` (seconds),
+//! `BENCH_ONLY=workloads` (minutes), `BENCH_ONLY=cost`,
+//! `BENCH_ONLY=instructions` or `BENCH_ONLY=host-calls` (callgrind),
+//! `BENCH_ONLY=quiet-clusters` (an idle Envoy with 300 clusters):
 //! just that section, printed. `BENCH_SCENARIOS=steady,shift`: only the
 //! real-Envoy scenarios whose names start so (no closed loop, no cost).
 //! `BENCH_STATICS=10,30` (`BENCH_STATICS=` for none): the fixed delays
