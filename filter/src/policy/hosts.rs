@@ -1618,16 +1618,22 @@ mod tests {
         }
     }
 
-    /// A cluster nobody sent a request to since the last tick: its shared
-    /// hosts are left as they are (no write), and the fades catch up at the
-    /// next news, over the whole time.
-    #[test]
-    fn an_idle_cluster_s_hosts_are_not_rewritten() {
+    /// Four hosts measured alike, the third failed 50 times, merged at T0.
+    fn four_hosts_the_third_failing() -> (Hosts, Vec<SharedHost>) {
         let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
         for _ in 0..50 {
             hosts.fail(2);
         }
         hosts.merge_into(&mut shared, T0, None);
+        (hosts, shared)
+    }
+
+    /// A cluster nobody sent a request to since the last tick: its shared
+    /// hosts are left as they are (no write), and the fades catch up at the
+    /// next news, over the whole time.
+    #[test]
+    fn an_idle_cluster_s_hosts_are_not_rewritten() {
+        let (mut hosts, mut shared) = four_hosts_the_third_failing();
         hosts.refresh(&shared, None);
         let before = shared.clone();
         hosts.merge_into(&mut shared, T0 + 200, None);
@@ -1644,11 +1650,7 @@ mod tests {
 
     #[test]
     fn failures_count_as_slowness_and_fade() {
-        let (mut hosts, mut shared) = measured_with(&[1000.0, 1000.0, 1000.0, 1000.0]);
-        for _ in 0..50 {
-            hosts.fail(2);
-        }
-        hosts.merge_into(&mut shared, T0, None);
+        let (mut hosts, mut shared) = four_hosts_the_third_failing();
         assert_eq!(hosts.refresh(&shared, None).on_probation, 1);
         assert!(hosts.get(2).unwrap().probation);
         assert_eq!(

@@ -2108,68 +2108,67 @@ mod tests {
     #[test]
     fn a_stream_s_host_stays_in_flight_until_it_ends() {
         let (host, plugin) = three_hosts_learned();
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            assert!(tries < 100, "no host chosen");
-            host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
-            r.on_request_headers(true);
-            let Some(endpoint) = host.request_header_text(ENDPOINT_HEADER) else {
-                r.on_log();
-                continue;
-            };
-            let primary = endpoint.split(',').next().unwrap_or_default().to_string();
-            let in_flight = |r: &DownstreamRequest<FakeHost>| {
-                let worker = r.worker.as_ref().unwrap().borrow();
-                worker.cluster(0).unwrap().in_flight_to(&primary)
-            };
-            assert_eq!(in_flight(&r), Some(1));
-            host.advance_ms(3);
-            host.respond(RELAYED);
-            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
-            host.set_property(UPSTREAM_ADDRESS, primary.as_bytes());
-            r.on_response_headers(false);
-            r.on_response_body(10, false);
-            assert_eq!(in_flight(&r), Some(1), "the stream goes on");
-            r.on_response_body(10, true);
-            r.on_log();
-            assert_eq!(in_flight(&r), Some(0));
-            break;
-        }
+        let (mut r, named) = first_naming(&host, &plugin, 1, 100);
+        let primary = named[0].clone();
+        let in_flight = |r: &DownstreamRequest<FakeHost>| {
+            let worker = r.worker.as_ref().unwrap().borrow();
+            worker.cluster(0).unwrap().in_flight_to(&primary)
+        };
+        assert_eq!(in_flight(&r), Some(1));
+        host.advance_ms(3);
+        host.respond(RELAYED);
+        host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+        host.set_property(UPSTREAM_ADDRESS, primary.as_bytes());
+        r.on_response_headers(false);
+        r.on_response_body(10, false);
+        assert_eq!(in_flight(&r), Some(1), "the stream goes on");
+        r.on_response_body(10, true);
+        r.on_log();
+        assert_eq!(in_flight(&r), Some(0));
         // the hedge's host answered: the cancelled primary is in flight no
         // more, from the headers on
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            assert!(tries < 200, "no armed request with a hedge host named");
+        let (mut r, named) = first_naming(&host, &plugin, 2, 200);
+        let (primary, hedge) = (named[0].clone(), named[1].clone());
+        let worker = r.worker.clone().unwrap();
+        let in_flight = |address: &str| worker.borrow().cluster(0).unwrap().in_flight_to(address);
+        assert_eq!(in_flight(&primary), Some(1));
+        host.advance_ms(30);
+        host.respond(RELAYED);
+        host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
+        host.set_property(UPSTREAM_ADDRESS, hedge.as_bytes());
+        r.on_response_headers(false);
+        assert_eq!(in_flight(&primary), Some(0), "the primary was cancelled");
+        r.on_response_body(10, true);
+        r.on_log();
+        assert_eq!(in_flight(&primary), Some(0));
+    }
+
+    /// The first of at most `tries` requests whose host header names at
+    /// least `hosts` hosts (a primary, a hedge), and the names; the others
+    /// end unanswered.
+    fn first_naming(
+        host: &FakeHost,
+        plugin: &Plugin<FakeHost>,
+        hosts: usize,
+        tries: usize,
+    ) -> (DownstreamRequest<FakeHost>, Vec<String>) {
+        for _ in 0..tries {
             host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
+            let mut r = request(plugin);
             r.on_request_headers(true);
-            let named = host
+            let named: Vec<String> = host
                 .request_header_text(ENDPOINT_HEADER)
-                .unwrap_or_default();
-            let mut hosts = named.split(',');
-            let (Some(primary), Some(hedge)) = (hosts.next(), hosts.next()) else {
-                r.on_log();
-                continue;
-            };
-            let (primary, hedge) = (primary.to_string(), hedge.to_string());
-            let worker = r.worker.clone().unwrap();
-            let in_flight =
-                |address: &str| worker.borrow().cluster(0).unwrap().in_flight_to(address);
-            assert_eq!(in_flight(&primary), Some(1));
-            host.advance_ms(30);
-            host.respond(RELAYED);
-            host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
-            host.set_property(UPSTREAM_ADDRESS, hedge.as_bytes());
-            r.on_response_headers(false);
-            assert_eq!(in_flight(&primary), Some(0), "the primary was cancelled");
-            r.on_response_body(10, true);
+                .unwrap_or_default()
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(str::to_string)
+                .collect();
+            if named.len() >= hosts {
+                return (r, named);
+            }
             r.on_log();
-            assert_eq!(in_flight(&primary), Some(0));
-            break;
         }
+        panic!("no request named {hosts} hosts in {tries}");
     }
 
     fn three_hosts_learned() -> (FakeHost, Plugin<FakeHost>) {
