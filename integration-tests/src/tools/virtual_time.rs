@@ -294,12 +294,28 @@ enum Event {
 
 /// A request whose primary outlives its delay under `LeastRequest`: what
 /// it will be if the hedge loses (`finished`), the primary's latency and
-/// the delay (µs), and the issue time in ms of the run.
+/// the delay (µs), and which request of the run it is (its hedge's draws).
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct PendingHedge {
     finished: Finished,
     primary_us: u64,
     delay_us: u64,
+    index: u64,
+}
+
+/// The random draws of the hedge of a run's `index`th request: the same
+/// under every policy and delay (common random numbers). With one stream
+/// for all hedges, the nth hedge drew the nth numbers, so a delay that
+/// hedged one request more or fewer gave every later hedge another
+/// latency: each fixed delay's run had its own luck, and the frontier, the
+/// lowest of some fifty runs at each load, took the luckiest. Drawn per
+/// request, a request hedged under two delays draws its hedge's host and
+/// latency from the same numbers, so the runs differ by what the delays
+/// do, not by chance.
+fn hedge_draws(seed: u64, index: u64) -> StdRng {
+    StdRng::seed_from_u64(
+        (seed ^ 0x5851_F42D_4C95_7F2D).wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+    )
 }
 
 /// A request ends.
@@ -414,11 +430,10 @@ pub fn run(
         Length::Requests(n) => (n, u64::MAX),
         Length::Seconds(s) => (u64::MAX, (s * 1e6) as u64),
     };
-    // Two streams: arrivals and primaries draw from `rng` in the same order
-    // whatever the policy (so every policy of an open-loop run meets the
-    // same primaries); hedges draw from `hedge_rng`.
+    // Arrivals and primaries draw from `rng` in the same order whatever the
+    // policy (so every policy of an open-loop run meets the same
+    // primaries); each request's hedge from its own stream (`hedge_draws`).
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut hedge_rng = StdRng::seed_from_u64(seed ^ 0x5851_F42D_4C95_7F2D);
     // the least-request balancer's draws, apart from both streams
     let mut balancer_rng = StdRng::seed_from_u64(seed ^ 0x2545_F491_4F6C_DD1D);
     let least_request = matches!(policy, Policy::LeastRequest { .. });
@@ -628,6 +643,7 @@ pub fn run(
                         (primary, 1, primary_host)
                     }
                     Some(d) if primary > d => {
+                        let mut hedge_rng = hedge_draws(seed, issued);
                         // the hedge goes to the host named second, else to
                         // another host (previous_hosts)
                         let other = match named.and_then(|(_, h)| h) {
@@ -681,6 +697,7 @@ pub fn run(
                             finished,
                             primary_us: primary as u64,
                             delay_us: d as u64,
+                            index: issued,
                         })),
                     ),
                     None => push(&mut events, t + elapsed, Event::Done(finished)),
@@ -691,6 +708,7 @@ pub fn run(
                     mut finished,
                     primary_us,
                     delay_us,
+                    index,
                 } = *pending;
                 let other = least_active(&active, Some(finished.primary_host), &mut balancer_rng);
                 attempt_started(&mut active, other);
@@ -699,7 +717,7 @@ pub fn run(
                     finished.endpoint,
                     t as f64 / 1000.0,
                     total_ms,
-                    &mut hedge_rng,
+                    &mut hedge_draws(seed, index),
                 ) as u64;
                 finished.attempts = 2;
                 finished.hedge_host = Some(other);
@@ -870,6 +888,46 @@ mod tests {
             none.ms(0.99)
         );
         assert!(a.extra_load() <= 0.11, "{}", a.extra_load());
+    }
+
+    /// Two fixed delays meet the same hedges: a request hedged under both
+    /// draws its hedge from the same numbers, so where the hedge answered
+    /// under both its latency less the delay is the same (steady latency:
+    /// the moment does not matter). With one stream for all hedges, the
+    /// 12 ms run's first hedge drew what the 10 ms run's first drew, for
+    /// another request.
+    #[test]
+    fn two_fixed_delays_meet_the_same_hedges() {
+        let open = Load::Open { rate: 500.0 };
+        let length = Length::Requests(20_000);
+        let at = |delay_ms: f64| {
+            let o = run(&Steady, &Policy::Static { delay_ms }, open, length, 1).unwrap();
+            o.log
+                .iter()
+                .map(|r| (r.issued_us, (r.latency_us, r.attempts)))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let (early, late) = (at(10.0), at(12.0));
+        let (mut both, mut same) = (0, 0);
+        for (issued, (latency, attempts)) in &late {
+            let Some((early_latency, 2)) = early.get(issued) else {
+                continue;
+            };
+            // a hedge answered under one run at least (the same primary
+            // answering under both gives the same latency)
+            if *attempts == 2 && *latency != *early_latency {
+                both += 1;
+                let hedge = |latency: u64, delay_us: i64| latency as i64 - delay_us;
+                if (hedge(*latency, 12_000) - hedge(*early_latency, 10_000)).abs() <= 1 {
+                    same += 1;
+                }
+            }
+        }
+        assert!(both > 100, "{both} requests answered by both runs' hedges");
+        assert!(
+            same as f64 >= 0.95 * both as f64,
+            "{same} of {both} with the same hedge"
+        );
     }
 
     /// Least request, Envoy's balancer by active requests, sends a host
