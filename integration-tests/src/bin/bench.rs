@@ -897,6 +897,7 @@ fn workloads_section(s: &Settings) -> (String, Value) {
          | p99 / frontier p99 | {p99_med:.2} | {p99_p90:.2} | {p99_max:.2} | {} of {} |\n\
          | p999 / frontier p999 | {p999_med:.2} | {p999_p90:.2} | {p999_max:.2} | {} of {} |\n\
          | extra load | | {:.1}% | {:.1}% | {} above 10% |\n\n\
+         Geometric means of the ratios: p99 {:.3}, p999 {:.3}.\n\n\
          {}\
          The frontier above is the fixed delays as Envoy's own route would set them: no budget, so a fixed delay may hedge a third of the requests while a whole cluster is slow, and spend little the rest of the time. The filter's budget forbids that (at most its share of the traffic, plus a reserve of `budget_reserve` of earnings). Against the same delays set through the filter (`min_delay` = `max_delay`: under the same budget, what a user who fixed the delay in the filter gets):\n\n\
          | | median | p90 | worst | workloads above 1.05 (p999: 1.10) |\n|---|---|---|---|---|\n\
@@ -915,6 +916,8 @@ fn workloads_section(s: &Settings) -> (String, Value) {
         load_p90 * 100.0,
         load_max * 100.0,
         over(&loads, 0.10),
+        workloads::geometric_mean(&p99),
+        workloads::geometric_mean(&p999),
         round_robin_line(&judged),
         over(&b99, 1.05),
         judged.len(),

@@ -644,6 +644,20 @@ pub fn spread(values: &[f64]) -> (f64, f64, f64) {
     (at(0.5), at(0.9), v.last().copied().unwrap_or(f64::NAN))
 }
 
+/// The geometric mean of the finite, positive `values` (NaN if none): for
+/// ratios, a workload twice as good weighs as much as one twice as bad.
+pub fn geometric_mean(values: &[f64]) -> f64 {
+    let logs: Vec<f64> = values
+        .iter()
+        .filter(|x| x.is_finite() && **x > 0.0)
+        .map(|x| x.ln())
+        .collect();
+    if logs.is_empty() {
+        return f64::NAN;
+    }
+    (logs.iter().sum::<f64>() / logs.len() as f64).exp()
+}
+
 /// A workload's run, twentieth by twentieth: for the policy at
 /// `plugin_config` and for the fixed delay whose extra load is nearest the
 /// policy's. Per segment: requests, hedged and refused shares, the mean
@@ -742,6 +756,13 @@ mod tests {
             assert!((1.0..=1000.0).contains(&w.scale_ms), "{w:?}");
             assert!((10.0..=5000.0).contains(&w.rate), "{w:?}");
         }
+    }
+
+    #[test]
+    fn the_geometric_mean_weighs_twice_as_good_as_twice_as_bad() {
+        assert!((geometric_mean(&[0.5, 2.0]) - 1.0).abs() < 1e-12);
+        assert!((geometric_mean(&[2.0, 8.0, f64::NAN, 0.0]) - 4.0).abs() < 1e-12);
+        assert!(geometric_mean(&[]).is_nan());
     }
 
     #[test]
