@@ -162,6 +162,10 @@ pub struct Plan {
     pub hosts: Option<HostPick>,
     /// The host header's value: `primary[,hedge]`.
     pub endpoint: Option<String>,
+    /// The cluster chooses hosts (`host_choice`): its answers say which host
+    /// answered and after how many attempts, read at the response. Without
+    /// it those two property reads would be thrown away (found by a review).
+    pub learns_hosts: bool,
     /// When an armed request's per-try timeout fires (ns; see `timeouts`).
     pub deadline_ns: Option<u64>,
 }
@@ -451,6 +455,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             hosts: None,
             endpoint: None,
             deadline_ns: None,
+            learns_hosts: tracked.is_some_and(|view| view.policy.host_choice),
         };
     }
     let mut decision = match cluster {
@@ -569,6 +574,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         hosts: pick,
         endpoint,
         deadline_ns,
+        learns_hosts: tracked.is_some_and(|view| view.policy.host_choice),
     }
 }
 
@@ -615,6 +621,7 @@ pub fn unplanned(request: &Request, trust_client_headers: bool) -> Plan {
         hosts: None,
         endpoint: None,
         deadline_ns: None,
+        learns_hosts: false,
     }
 }
 

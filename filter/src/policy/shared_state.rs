@@ -89,6 +89,16 @@ pub fn registry_key(geometry: WindowGeometry) -> String {
     format!("{}clusters", key_prefix(geometry))
 }
 
+/// Marks that the configuration's `clusters` Envoy lacks were said, for
+/// the set of names hashed in `names_hash`: one worker says them, once per
+/// Envoy (each worker's first admin read asks for them).
+pub fn unknown_clusters_said_key(geometry: WindowGeometry, names_hash: u64) -> String {
+    format!(
+        "{}unknown_clusters_said_{names_hash:016x}",
+        key_prefix(geometry)
+    )
+}
+
 /// The admin interface's last read (`membership`).
 pub fn membership_key(geometry: WindowGeometry) -> String {
     // its own encoding's version: a filter of the last version beside this

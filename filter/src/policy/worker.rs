@@ -23,13 +23,13 @@ use super::hedge_delay::{
 };
 use super::hosts::{self, mix, HostPick, Hosts, HostsSummary, OverrideCheck};
 use super::membership::{
-    admin_path, config_dump_paths, parse_admin_clusters, parse_config_dump,
+    admin_path, config_dump_paths, lists_cluster, parse_admin_clusters, parse_config_dump,
     parse_outlier_detection, Member, Membership, OutlierDetection,
 };
 use super::routes::{RecentTerms, Routes};
 use super::shared_state::{
-    cluster_key, membership_key, registry_key, DecodeError, Registry, SharedCluster, SharedStore,
-    StoreError, CREATE_ONLY, MAX_CLUSTER_NAME, MAX_HOSTS,
+    cluster_key, membership_key, registry_key, unknown_clusters_said_key, DecodeError, Registry,
+    SharedCluster, SharedStore, StoreError, CREATE_ONLY, MAX_CLUSTER_NAME, MAX_HOSTS,
 };
 use super::sketch::Sketch;
 use super::timeouts::{ArmedRequests, Ended};
@@ -725,6 +725,9 @@ struct AdminReads {
     dump_failing: bool,
     /// `admin_cluster`'s default names no cluster of this Envoy (said once).
     absent: bool,
+    /// The configuration's `clusters` were looked for in a read (those
+    /// Envoy does not have are said once: `warn_of_unknown_clusters`).
+    overrides_checked: bool,
 }
 
 /// A read of the admin interface between its answers.
@@ -1728,6 +1731,13 @@ impl Worker {
                 .filter(|c| c.tracking == Tracking::Tracked && c.policy.reads_admin())
                 .map(|c| c.envoy_cluster.as_str()),
         );
+        // A read that is made anyway asks, until one has answered, for the
+        // clusters the configuration names too: a name Envoy does not have
+        // (a typo, Istio's port in `outbound|80||...`) would otherwise leave
+        // its settings applied to nothing, unsaid.
+        if !names.is_empty() && !self.admin.overrides_checked {
+            names.extend(self.config.clusters.keys().map(String::as_str));
+        }
         names.sort_unstable();
         names.dedup();
         let Some(path) = admin_path(names.iter().copied()) else {
@@ -1830,6 +1840,7 @@ impl Worker {
         }
         self.admin.in_flight_since_ms = None;
         let asked = std::mem::take(&mut self.admin.asked);
+        let body = result.as_ref().ok().copied();
         let read = result.and_then(|body| {
             let wanted = |c: &str| asked.binary_search_by(|a| a.as_str().cmp(c)).is_ok();
             let clusters = parse_admin_clusters(body, wanted);
@@ -1846,9 +1857,13 @@ impl Worker {
                 })
             }
         });
-        match read {
-            Ok(pending) => self.go_on_reading(now_ms, pending, store, log),
-            Err(why) => {
+        match (read, body) {
+            (Ok(pending), Some(body)) => {
+                self.warn_of_unknown_clusters(body, &asked, store, log);
+                self.go_on_reading(now_ms, pending, store, log)
+            }
+            (Ok(pending), None) => self.go_on_reading(now_ms, pending, store, log),
+            (Err(why), _) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
                     log.log(
@@ -1858,6 +1873,55 @@ impl Worker {
                 }
                 None
             }
+        }
+    }
+
+    /// Once, after the first read that asked for them: the clusters the
+    /// configuration names that Envoy's `/clusters` does not list, at
+    /// `Warn` (their settings apply to no request). A warning, not a
+    /// refusal: a cluster may come with a later xDS push. Said by one
+    /// worker per Envoy and set of names (a shared mark), though every
+    /// worker's first read asks.
+    fn warn_of_unknown_clusters(
+        &mut self,
+        body: &[u8],
+        asked: &[String],
+        store: &dyn SharedStore,
+        log: &mut dyn Logger,
+    ) {
+        let asked_all = self
+            .config
+            .clusters
+            .keys()
+            .all(|n| asked.binary_search(n).is_ok());
+        // only a read that asked for them can tell
+        if !asked_all || std::mem::replace(&mut self.admin.overrides_checked, true) {
+            return;
+        }
+        let mut unknown: Vec<&str> = self
+            .config
+            .clusters
+            .keys()
+            .map(String::as_str)
+            .filter(|name| !lists_cluster(body, name))
+            .collect();
+        unknown.sort_unstable();
+        if unknown.is_empty() {
+            return;
+        }
+        let mut names: Vec<&str> = self.config.clusters.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let key = unknown_clusters_said_key(self.geometry, fnv1a(names.join("\n").as_bytes()));
+        let first =
+            matches!(store.get(&key), Ok(None)) && store.set(&key, b"", CREATE_ONLY).is_ok();
+        if !first {
+            return;
+        }
+        for name in unknown {
+            log.log(
+                Level::Warn,
+                &format!("clusters.\"{name}\": Envoy has no cluster of this name (its admin interface's /clusters, read through \"{}\"), so these settings apply to no request; the names are Envoy's own (Istio's: \"outbound|80||reviews.default.svc.cluster.local\")", self.config.admin_cluster),
+            );
         }
     }
 
@@ -4988,6 +5052,60 @@ c::h2::weight::1
         assert!(log.0[1].contains(
             "cannot read Envoy's admin interface through cluster \"admin\": it answered 404"
         ));
+    }
+
+    /// The first admin read also asks for the clusters the configuration
+    /// names, and the names Envoy does not list are said once, at `Warn`: a
+    /// typo in `clusters` would otherwise leave its settings (`disabled`
+    /// to keep a paid API from being sent twice) applied to nothing,
+    /// unsaid. A cluster listed with no host yet is Envoy's all the same.
+    /// One worker of an Envoy says it (a mark in shared memory).
+    #[test]
+    fn clusters_the_configuration_names_but_envoy_lacks_are_said_once() {
+        let store = MemoryStore::default();
+        let json = r#"{"min_samples": 10, "admin_cluster": "admin",
+            "clusters": {"c": {"budget_percent": 5}, "no-hosts-yet": {"disabled": true},
+                         "outbound|8080||payments": {"disabled": true}}}"#;
+        let mut w = Worker::new(config(json));
+        let mut log = Lines::default();
+        host_traffic(&mut w, 60, usize::MAX, &mut 0);
+        w.sync(T0, &store, &mut log);
+        let path = w.claim_admin_read(T0, &store).unwrap();
+        assert_eq!(
+            path,
+            "/clusters?filter=%5E%28%3F%3Ac%7Cno%5C-hosts%5C-yet%7Coutbound%5C%7C8080%5C%7C%5C%7Cpayments%29%24"
+        );
+        let mut answer = ADMIN_SAYS.to_vec();
+        answer.extend_from_slice(b"no-hosts-yet::default_priority::max_connections::1024\n");
+        w.admin_read_done(T0 + 50, Ok(&answer), &store, &mut log);
+        let warned: Vec<&String> = log
+            .0
+            .iter()
+            .filter(|l| l.contains("no cluster of this name"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{:?}", log.0);
+        assert!(
+            warned[0].starts_with("clusters.\"outbound|8080||payments\": "),
+            "{}",
+            warned[0]
+        );
+        // another worker's first read asks for them too, but it was said
+        log.0.clear();
+        let mut other = Worker::new(config(json));
+        host_traffic(&mut other, 60, usize::MAX, &mut 0);
+        other.sync(T0 + 5_000, &store, &mut log);
+        let path = other.claim_admin_read(T0 + 5_100, &store).unwrap();
+        assert!(path.contains("payments"), "{path}");
+        other.admin_read_done(T0 + 5_150, Ok(&answer), &store, &mut log);
+        // and the first worker's next read asks for the clusters in use only
+        let path = w.claim_admin_read(T0 + 10_200, &store).unwrap();
+        assert_eq!(path, "/clusters?filter=%5E%28%3F%3Ac%29%24");
+        w.admin_read_done(T0 + 10_250, Ok(&answer), &store, &mut log);
+        assert!(
+            log.0.iter().all(|l| !l.contains("no cluster of this name")),
+            "{:?}",
+            log.0
+        );
     }
 
     /// A cluster is paced for outlier detection unless the admin interface

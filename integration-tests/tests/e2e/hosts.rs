@@ -473,7 +473,8 @@ async fn held_out_then_left(sim: &Simulator, envoy: &Envoy, client: &load::Clien
 /// After Envoy marks the fourth unhealthy, the filter never names it
 /// (Envoy's own balancer, which gets the 1% exploration share, does not
 /// pick it either), where before it kept being chosen: override picks
-/// ignore health.
+/// ignore health. And the configuration's `clusters` naming one Envoy
+/// does not have (a typo) is said once in the log, one it has is not.
 #[test]
 fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
     let m = lognormal(3.0, 0.7);
@@ -485,7 +486,8 @@ fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
     let envoy = Envoy::start(
         EnvoyOptions::new("envoy.yaml", &ports[..4])
             .plugin_config(
-                r#"{"debug_header": true, "admin_cluster": "prometheus_stats", "admin_refresh": "1s"}"#,
+                r#"{"debug_header": true, "admin_cluster": "prometheus_stats", "admin_refresh": "1s",
+                    "clusters": {"bakend": {"disabled": true}, "backend-b": {"budget_percent": 10}}}"#,
             )
             .four_backend_hosts()
             .edit(
@@ -560,6 +562,12 @@ fn the_admin_interface_keeps_unhealthy_hosts_out_and_weights_in() {
             .stat("wasmcustom.adaptive_hedge.admin_read_failures_total")
             .unwrap_or(0),
         0
+    );
+    let log = envoy.wait_for_log(r#"clusters."bakend": Envoy has no cluster of this name"#);
+    assert_eq!(
+        log.matches("Envoy has no cluster of this name").count(),
+        1,
+        "{log}"
     );
     envoy.assert_no_vm_failure();
 }
