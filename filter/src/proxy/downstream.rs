@@ -1470,15 +1470,12 @@ mod tests {
         assert_eq!(warned, 1);
     }
 
-    /// A shadow's request whose body takes half a second to upload,
-    /// answered 3 ms after it ends, would not have been hedged: Envoy's
-    /// per-try timer starts at the body's end.
-    #[test]
-    fn a_shadow_times_a_request_with_a_body_from_its_end() {
-        let (host, mut plugin) = warmed(r#"{"mode": "shadow"}"#);
-        for _ in 0..5 {
+    /// `n` GETs whose body takes half a second to upload, each answered
+    /// 3 ms after its end by one attempt.
+    fn uploads_answered_3_ms_after(host: &FakeHost, plugin: &Plugin<FakeHost>, n: usize) {
+        for _ in 0..n {
             host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
+            let mut r = request(plugin);
             r.on_request_headers(false);
             host.advance_ms(500);
             r.on_request_end();
@@ -1488,6 +1485,15 @@ mod tests {
             r.on_response_headers(true);
             r.on_log();
         }
+    }
+
+    /// A shadow's request whose body takes half a second to upload,
+    /// answered 3 ms after it ends, would not have been hedged: Envoy's
+    /// per-try timer starts at the body's end.
+    #[test]
+    fn a_shadow_times_a_request_with_a_body_from_its_end() {
+        let (host, mut plugin) = warmed(r#"{"mode": "shadow"}"#);
+        uploads_answered_3_ms_after(&host, &plugin, 5);
         plugin.on_tick();
         assert_eq!(stat(&host, "shadow_armed_total"), 5);
         assert_eq!(stat(&host, "shadow_hedges_total"), 0);
@@ -1498,18 +1504,7 @@ mod tests {
     #[test]
     fn a_request_with_a_body_is_timed_from_its_end() {
         let (host, mut plugin) = plugin(r#"{"min_samples": 10, "debug_header": true}"#);
-        for _ in 0..30 {
-            host.request(Some("backend"), GET);
-            let mut r = request(&plugin);
-            r.on_request_headers(false);
-            host.advance_ms(500);
-            r.on_request_end();
-            host.advance_ms(3);
-            host.respond(RELAYED);
-            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
-            r.on_response_headers(true);
-            r.on_log();
-        }
+        uploads_answered_3_ms_after(&host, &plugin, 30);
         plugin.on_tick();
         plugin.on_tick();
         host.request(Some("backend"), GET);
