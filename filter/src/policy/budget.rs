@@ -416,10 +416,19 @@ impl LocalBudget {
             None => own.max(*pool),
         };
         *pool = pool.saturating_add(std::mem::take(&mut self.surplus));
-        if self.free > cap {
-            *pool = pool.saturating_add(self.free.abs_diff(cap));
-            self.free = cap;
-        } else {
+        // The free tokens that back this worker's armed hedges not yet
+        // charged stay with it, above a cap that fell since it armed them
+        // (its traffic stopped): arming counted them against the worst case
+        // (`affordable`), and moved to the pool, then dropped there as the
+        // cluster's rate fell, they left those hedges to be charged as a
+        // debt past the exposure cap (a randomized check of the budget's
+        // promise found it: 2,000 requests armed with a 10 s delay, then
+        // no traffic; a debt of 1,860 tokens against a cap of 1,410).
+        let keep = cap.max(self.free.min(self.exposure()));
+        if self.free > keep {
+            *pool = pool.saturating_add(self.free.abs_diff(keep));
+            self.free = keep;
+        } else if self.free < cap {
             let take = self.free.abs_diff(cap).min(*pool);
             *pool -= take;
             self.free = self.free.saturating_add(signed(take));
@@ -938,6 +947,54 @@ mod tests {
         let mut short = budget(7 * T);
         short.rebalance(&mut pool, 0, 0);
         assert_eq!((short.free, pool), (10 * T, 37 * U));
+    }
+
+    /// A worker whose traffic stops while its hedges are armed (a 10 s
+    /// delay, every request stalled) keeps the free tokens that back them
+    /// though its cap falls with its rate: its debt once they are charged
+    /// stays within the largest exposure cap it had, as the budget
+    /// promises. Before, they went to the pool, which dropped them as the
+    /// cluster's rate fell, and the debt reached 1.3 times the cap.
+    #[test]
+    fn tokens_that_back_armed_hedges_stay_when_the_cap_falls() {
+        let terms = BudgetTerms {
+            reserve_ms: 10_000,
+            ..TERMS
+        };
+        let mut b = LocalBudget::new(terms);
+        let (mut pool, mut total, mut largest_cap) = (0u64, 0u64, 0i64);
+        let delay_ticks = 50; // 10 s of 200 ms ticks
+        let mut tick = |b: &mut LocalBudget, now: u64, requests: u64, stalled: bool| {
+            for _ in 0..requests {
+                b.earn();
+                if stalled {
+                    let n = b.affordable(1);
+                    b.reserve(n, delay_ticks);
+                }
+            }
+            total += requests;
+            b.tick(now, requests, TICKS_PER_SECOND, delay_ticks);
+            b.rebalance(&mut pool, total, now * 200);
+            largest_cap = largest_cap.max(b.exposure_cap);
+        };
+        // 15 s answered at once (the reserve fills), 4 s stalled, then none
+        for now in 1..=75 {
+            tick(&mut b, now, 100, false);
+        }
+        for now in 76..=95 {
+            tick(&mut b, now, 100, true);
+        }
+        assert!(b.uncharged > 1_500, "{} armed", b.uncharged);
+        for now in 96..=200 {
+            tick(&mut b, now, 0, false);
+        }
+        assert_eq!(b.uncharged, 0, "every hedge charged");
+        assert!(
+            b.free >= -largest_cap,
+            "a debt of {} tokens past the largest exposure cap, {}",
+            -b.free / TOKEN,
+            largest_cap / TOKEN
+        );
     }
 
     /// A replaced worker state leaves its savings to the pool and pays its
