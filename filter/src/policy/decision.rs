@@ -441,6 +441,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
     };
     let id = tracked.map(|view| view.id);
     let route = tracked.and_then(|view| view.route);
+    let learns_hosts = tracked.is_some_and(|view| view.policy.host_choice);
     if config.trust_client_headers && request.client_controls {
         // The operator trusts clients and this one chose for itself: its
         // headers stay, and its latency (shaped by its own retries) is not
@@ -455,7 +456,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             hosts: None,
             endpoint: None,
             deadline_ns: None,
-            learns_hosts: tracked.is_some_and(|view| view.policy.host_choice),
+            learns_hosts,
         };
     }
     let mut decision = match cluster {
@@ -574,7 +575,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
         hosts: pick,
         endpoint,
         deadline_ns,
-        learns_hosts: tracked.is_some_and(|view| view.policy.host_choice),
+        learns_hosts,
     }
 }
 

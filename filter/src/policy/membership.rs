@@ -463,8 +463,8 @@ pub fn parse_admin_clusters(
 /// Whether the admin interface's `/clusters` text lists a cluster named
 /// `name`: any line of it, since a cluster without hosts (yet) has lines
 /// of its own facts (`name::default_priority::max_connections::1024`).
-pub fn lists_cluster(text: &[u8], name: &str) -> bool {
-    String::from_utf8_lossy(text).lines().any(|line| {
+pub fn lists_cluster(text: &str, name: &str) -> bool {
+    text.lines().any(|line| {
         line.strip_prefix(name)
             .is_some_and(|rest| rest.starts_with("::"))
     })

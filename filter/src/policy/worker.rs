@@ -1857,13 +1857,14 @@ impl Worker {
                 })
             }
         });
-        match (read, body) {
-            (Ok(pending), Some(body)) => {
-                self.warn_of_unknown_clusters(body, &asked, store, log);
+        match read {
+            Ok(pending) => {
+                if let Some(body) = body {
+                    self.warn_of_unknown_clusters(body, &asked, store, log);
+                }
                 self.go_on_reading(now_ms, pending, store, log)
             }
-            (Ok(pending), None) => self.go_on_reading(now_ms, pending, store, log),
-            (Err(why), _) => {
+            Err(why) => {
                 self.metrics.add(WorkerMetric::AdminReadFailures, 1);
                 if !std::mem::replace(&mut self.admin.failing, true) {
                     log.log(
@@ -1889,28 +1890,24 @@ impl Worker {
         store: &dyn SharedStore,
         log: &mut dyn Logger,
     ) {
-        let asked_all = self
-            .config
-            .clusters
-            .keys()
-            .all(|n| asked.binary_search(n).is_ok());
-        // only a read that asked for them can tell
+        let mut names: Vec<&str> = self.config.clusters.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        // only a read that asked for them all can tell
+        let asked_all = names
+            .iter()
+            .all(|n| asked.binary_search_by(|a| a.as_str().cmp(n)).is_ok());
         if !asked_all || std::mem::replace(&mut self.admin.overrides_checked, true) {
             return;
         }
-        let mut unknown: Vec<&str> = self
-            .config
-            .clusters
-            .keys()
-            .map(String::as_str)
-            .filter(|name| !lists_cluster(body, name))
+        let text = String::from_utf8_lossy(body);
+        let unknown: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| !lists_cluster(&text, name))
             .collect();
-        unknown.sort_unstable();
         if unknown.is_empty() {
             return;
         }
-        let mut names: Vec<&str> = self.config.clusters.keys().map(String::as_str).collect();
-        names.sort_unstable();
         let key = unknown_clusters_said_key(self.geometry, fnv1a(names.join("\n").as_bytes()));
         let first =
             matches!(store.get(&key), Ok(None)) && store.set(&key, b"", CREATE_ONLY).is_ok();
