@@ -998,6 +998,74 @@ mod tests {
         );
     }
 
+    /// Seeded random schedules of two workers' budgets sharing one pool:
+    /// traffic that comes, stops and moves between workers; delays of a
+    /// tick to ten seconds; requests that end before their delay, or stall
+    /// past it and send their hedge. Whatever the schedule, no worker's
+    /// debt passes the largest exposure cap it has had (the budget's
+    /// promise, design.md "The budget"). A trimmed form of the randomized
+    /// check that found `tokens_that_back_armed_hedges_stay_when_the_cap_falls`.
+    #[test]
+    fn over_random_schedules_no_debt_passes_the_exposure_cap() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let terms = BudgetTerms {
+            reserve_ms: 10_000,
+            ..TERMS
+        };
+        for seed in 0..40 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut budgets = [LocalBudget::new(terms), LocalBudget::new(terms)];
+            let mut largest_cap = [0i64; 2];
+            let (mut pool, mut total) = (0u64, 0u64);
+            // armed requests: worker, cohort, delay in ticks, the tick it ends
+            let mut armed: Vec<(usize, u64, u64, u64)> = Vec::new();
+            let (mut rates, mut delay_ticks, mut stalled) = ([0u64; 2], 1u64, false);
+            for now in 1..=1_000u64 {
+                // a new stretch every 5 s of 200 ms ticks
+                if now % 25 == 1 {
+                    let rate = [0, 0, 2, 20, 100][rng.gen_range(0..5)];
+                    let share = [0, 1, 2][rng.gen_range(0..3)];
+                    rates = [rate * share / 2, rate * (2 - share) / 2];
+                    delay_ticks = [1, 5, 50][rng.gen_range(0..3)];
+                    stalled = rng.gen_bool(0.3);
+                }
+                for (w, b) in budgets.iter_mut().enumerate() {
+                    for _ in 0..rates[w] {
+                        b.earn();
+                        total += 1;
+                        if b.affordable(1) == 1 {
+                            b.reserve(1, delay_ticks);
+                            let lasts = match stalled {
+                                true => delay_ticks + rng.gen_range(1..20),
+                                false => rng.gen_range(0..delay_ticks),
+                            };
+                            armed.push((w, b.cohort(), delay_ticks, now + lasts));
+                        }
+                    }
+                }
+                armed.retain(|&(w, cohort, delay, ends)| {
+                    if ends > now {
+                        return true;
+                    }
+                    let sent = u32::from(ends > due_tick(cohort, delay));
+                    budgets[w].settle(cohort, delay, 1, sent);
+                    false
+                });
+                for (w, b) in budgets.iter_mut().enumerate() {
+                    b.tick(now, rates[w], TICKS_PER_SECOND, delay_ticks);
+                    b.rebalance(&mut pool, total, now * 200);
+                    largest_cap[w] = largest_cap[w].max(b.exposure_cap);
+                    assert!(
+                        b.free >= -largest_cap[w],
+                        "seed {seed}, tick {now}, worker {w}: a debt of {} tokens past the largest exposure cap, {}",
+                        -b.free / TOKEN,
+                        largest_cap[w] / TOKEN
+                    );
+                }
+            }
+        }
+    }
+
     /// A replaced worker state leaves its savings to the pool and pays its
     /// debt from it; what the pool cannot cover is the only debt lost.
     #[test]
