@@ -93,6 +93,9 @@ pub struct DownstreamRequest<H: Host> {
     host_header: Option<Arc<str>>,
     /// Kept only for the debug header.
     decision: Option<Decision>,
+    /// The plan armed the request but its headers could not be written:
+    /// the attribution must not say `armed`.
+    arming_failed: bool,
     /// Kept only for the debug header: the host header written.
     endpoint: Option<String>,
     /// The request's cluster, if its hosts are learned.
@@ -171,6 +174,7 @@ impl<H: Host> DownstreamRequest<H> {
             log_attribution,
             host_header,
             decision: None,
+            arming_failed: false,
             endpoint: None,
             host_cluster: None,
             pick: None,
@@ -310,6 +314,7 @@ impl<H: Host> DownstreamRequest<H> {
                 // make the attempts, and the request is settled on the count
                 // it made, as an armed one is.
                 self.host_failures += 1;
+                self.arming_failed = true;
                 if self.strip(Strip::ARMING) > 0 {
                     self.settlement = plan.settlement();
                 } else if let (Some(settlement), Some(worker)) = (plan.settlement(), worker) {
@@ -554,7 +559,14 @@ impl<H: Host> DownstreamRequest<H> {
     /// The decision, the hosts named, the one that answered and (for the
     /// access log) the attempts: the debug header's and filter state's text.
     fn attribution(&self, answered: Option<&[u8]>, attempts: Option<u64>) -> Option<String> {
-        let mut text = self.decision.as_ref()?.describe();
+        let mut text = match self.decision.as_ref()? {
+            // the plan's delay, for the operator who reads why it failed
+            Decision::Arm(a) if self.arming_failed => format!(
+                "not armed; reason=host_call_failed; delay_ms={}",
+                a.per_try_timeout_ms
+            ),
+            decision => decision.describe(),
+        };
         if let Some(endpoint) = &self.endpoint {
             text.push_str("; hosts=");
             text.push_str(endpoint);
@@ -1209,6 +1221,22 @@ mod tests {
         assert_eq!(stat(&host, "hedges_armed_total"), 1);
         assert_eq!(stat(&host, "hedges_refunded_total"), 1);
         assert_eq!(stat(&host, "hedges_sent_total"), 0);
+    }
+
+    /// The debug header must not tell an operator chasing a failure that
+    /// a request was armed when its headers could not be written.
+    #[test]
+    fn a_request_whose_arming_failed_is_not_said_to_be_armed() {
+        let (host, plugin) = warmed(r#"{"debug_header": true}"#);
+        host.fail(&format!("set_request_header {MAX_RETRIES}"));
+        host.request(Some("backend"), GET);
+        let mut r = request(&plugin);
+        r.on_request_headers(true);
+        assert_eq!(host.request_header_text(PER_TRY_TIMEOUT), None);
+        host.set_property(RESPONSE_CODE_DETAILS, VIA_UPSTREAM);
+        r.on_response_headers(false);
+        let said = host.response_header_text(DEBUG_HEADER).unwrap_or_default();
+        assert_eq!(said, "not armed; reason=host_call_failed; delay_ms=5");
     }
 
     /// A client's control header that could not be removed: the request
