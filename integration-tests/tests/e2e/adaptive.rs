@@ -447,6 +447,9 @@ fn small_delays_need_no_manual_floor() {
         get(&stats, "hedges_armed_total"),
         get(&stats, "hedges_sent_total"),
     );
+    // the hosts count the hedges too, not only the filter
+    sim.settle(Duration::from_secs(3));
+    sim.reset_counts();
     let run = rt.block_on(load::closed_loop(
         &client,
         &envoy.url("/"),
@@ -460,10 +463,17 @@ fn small_delays_need_no_manual_floor() {
     let stats = envoy.wait_for_stats("the run counted", |_| true);
     let armed = get(&stats, "hedges_armed_total") - armed_before;
     let sent = get(&stats, "hedges_sent_total") - sent_before;
+    let extra = sim.settle(Duration::from_secs(3)).arrivals as i64 - 3000;
     println!(
-        "armed {armed}, sent {sent}, early so far {}; clients saw {}",
+        "armed {armed}, sent {sent} (the hosts saw {extra} extra), early so far {}; clients saw {}",
         get(&stats, "early_hedges_total"),
         run.summary()
+    );
+    // A hedge Envoy started may be cancelled before it reaches a host,
+    // never the other way round: the filter's count is no undercount.
+    assert!(
+        extra <= sent + sent / 10 + 5,
+        "the hosts saw {extra} extra attempts, the filter counted {sent} hedges"
     );
     assert!(
         armed > 2000,
@@ -473,8 +483,8 @@ fn small_delays_need_no_manual_floor() {
     // 20%: a 300 ms stall of the box alone adds about 10% in a 3 s run;
     // uncorrected, early timers sent about 40%
     assert!(
-        sent * 5 <= armed,
-        "{sent} hedges on {armed} armed requests to a 3 ms upstream: {}",
+        sent.max(extra) * 5 <= armed,
+        "{sent} hedges ({extra} extra attempts at the hosts) on {armed} armed requests to a 3 ms upstream: {}",
         envoy.filter_stats("backend")
     );
     envoy.assert_no_vm_failure();

@@ -109,6 +109,18 @@ fn a_slow_host_gets_almost_no_traffic_and_never_a_hedge() {
                 }
                 let answered = answered.unwrap_or_default();
                 assert!(hosts.contains(&answered), "{named} but {answered} answered");
+                // and it is the host that really answered, as the host says
+                let really = reply
+                    .headers
+                    .get("x-sim-host")
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .and_then(|i| sim.ports().get(i))
+                    .map(|port| format!("127.0.0.1:{port}"));
+                assert_eq!(
+                    really.as_deref(),
+                    Some(answered),
+                    "{named}: the filter says {answered} answered"
+                );
             }
         }
         assert!(armed >= 100, "only {armed} of 200 armed");

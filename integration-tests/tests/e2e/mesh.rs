@@ -251,6 +251,31 @@ fn route_metadata_overrides_the_cluster_s_policy_per_route() {
             }
             decided.push(decision);
         }
+        // What the hosts saw: one request per route held 1.5 s at every
+        // attempt, so each hedge the route allows goes out (asked again
+        // while the worker's tokens are spent for the moment).
+        for (path, attempts) in [("/x10/", 3), ("/", 2), ("/admin/", 1)] {
+            let mut seen = (String::new(), 0);
+            for _ in 0..10 {
+                sim.settle(Duration::from_secs(5));
+                sim.reset_counts();
+                let reply = load::Connection::open(envoy.listener_port)
+                    .await
+                    .unwrap()
+                    .get(path, &[("x-sim-delay-ms", "1500")])
+                    .await
+                    .unwrap();
+                assert_eq!(reply.status, 200, "{path}");
+                seen = (
+                    common::decision(&reply).to_string(),
+                    sim.settle(Duration::from_secs(5)).arrivals,
+                );
+                if !seen.0.starts_with("skipped; reason=") || path == "/admin/" {
+                    break;
+                }
+            }
+            assert_eq!(seen.1, attempts, "{path}: {} ({:?})", seen.0, sim.counts());
+        }
         decided
     });
     let [cluster, expensive, admin, bulk] = decided.as_slice() else {
