@@ -505,7 +505,7 @@ pub fn plan(request: &Request, config: &Config, cluster: Cluster) -> Plan {
             let pick = match fresh {
                 // unarmed: its own timeout would be the next local-origin
                 // failure there (a 504 in a row where the 204 is not set)
-                Some(id) => hosts.pick_with_primary(id, false, avoid),
+                Some(id) => hosts.pick_with_primary(id, false, 0, avoid),
                 None => {
                     hosts.choose_avoiding(view.policy.host_choices, view.random, armed, avoid)?
                 }

@@ -997,7 +997,7 @@ impl Hosts {
             }
         }
         let (_, primary) = primary?;
-        Some(self.pick_with_primary(primary, want_hedge, avoid))
+        Some(self.pick_with_primary(primary, want_hedge, mix(state), avoid))
     }
 
     /// One known host in good standing, the others on probation (one of
@@ -1034,25 +1034,46 @@ impl Hosts {
         })
     }
 
-    /// A pick whose primary is `primary`, with the best other eligible host
-    /// not avoided as the hedge's if `want_hedge`: the hedge exists because
-    /// the primary may be slow, so it goes where latency is lowest now.
+    /// A pick whose primary is `primary`, with the hedge's host if
+    /// `want_hedge`: the better of two other eligible hosts not avoided,
+    /// drawn with `random` (the only one if one is left). The hedge exists
+    /// because the primary may be slow, so it goes where latency is low
+    /// now; but not always to the lowest: every worker reads the same
+    /// costs, so the cheapest host took most hedges of the whole cluster
+    /// (a review: 16 hosts within chance of each other, one named for 55%
+    /// to 76% of hedges), and nothing in its cost pushed back (its score
+    /// counts primaries in flight). Two choices never name the costliest
+    /// candidate and spread the rest.
     pub fn pick_with_primary(
         &self,
         primary: HostId,
         want_hedge: bool,
+        random: u64,
         avoid: impl Fn(HostId) -> bool,
     ) -> HostPick {
-        let hedge = want_hedge
-            .then(|| {
-                self.hosts
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, h)| i != primary && h.known() && !h.probation && !avoid(i))
-                    .min_by(|a, b| a.1.score().total_cmp(&b.1.score()))
-                    .map(|(i, _)| i)
-            })
-            .flatten();
+        let avoid = &avoid;
+        let candidates = || {
+            self.hosts
+                .iter()
+                .enumerate()
+                .filter(move |&(i, h)| i != primary && h.known() && !h.probation && !avoid(i))
+        };
+        let count = if want_hedge { candidates().count() } else { 0 };
+        let hedge = match count {
+            0 => None,
+            1 => candidates().next().map(|(i, _)| i),
+            _ => {
+                let first = (random % count as u64) as usize;
+                // a second draw among the others: offset 1..count
+                let second = (first + 1 + (mix(random) % (count - 1) as u64) as usize) % count;
+                let a = candidates().nth(first);
+                let b = candidates().nth(second);
+                match (a, b) {
+                    (Some(a), Some(b)) => Some(if b.1.score() < a.1.score() { b.0 } else { a.0 }),
+                    (a, b) => a.or(b).map(|(i, _)| i),
+                }
+            }
+        };
         HostPick { primary, hedge }
     }
 
@@ -1616,6 +1637,38 @@ mod tests {
         for c in counts {
             assert!((800..1200).contains(&c), "{counts:?}");
         }
+    }
+
+    /// Sixteen hosts whose costs differ within chance (under 6%), one
+    /// request in flight at a time: the hedges spread over the hosts and
+    /// never go to the costliest candidate. Naming the cheapest other host,
+    /// as before, gave host 0 three quarters of the cluster's hedges (every
+    /// worker reads the same costs) and hosts 3 to 15 none.
+    #[test]
+    fn hedges_spread_over_hosts_alike_and_skip_the_costliest() {
+        let costs: Vec<f64> = (0..16).map(|i| 1000.0 + 3.5 * f64::from(i)).collect();
+        let hosts = measured(&costs);
+        let mut named = [0u32; 16];
+        let mut state = 11u64;
+        for _ in 0..20_000 {
+            state = mix(state);
+            let Some(pick) = hosts.choose(2, state, true) else {
+                continue;
+            };
+            let hedge = pick.hedge.expect("a hedge host among 16");
+            assert_ne!(hedge, pick.primary);
+            named[hedge] += 1;
+        }
+        let total: u32 = named.iter().sum();
+        // fair: 1/16 (6.25%); two choices favour the cheaper ones
+        assert!(named.iter().all(|&n| n * 8 < total), "{named:?}");
+        assert!(
+            named.iter().filter(|&&n| n * 40 > total).count() >= 12,
+            "{named:?}"
+        );
+        // the costliest is the hedge only when it is the primary's one
+        // other candidate drawn against a cheaper one: never
+        assert_eq!(named[15], 0, "{named:?}");
     }
 
     /// Four hosts measured alike, the third failed 50 times, merged at T0.

@@ -1432,6 +1432,33 @@ impl Worker {
         }
     }
 
+    /// Another host than the named primary answered (`address`, if read):
+    /// the primary's attempt was cancelled, so the pick ends; if the
+    /// winner is the hedge's named host, the stream goes on there and is
+    /// in flight on it until it ends: the pick returned, to end then.
+    /// Before, a stream a hedge won (SSE, a model's tokens) ran on its
+    /// host uncounted, and the host looked idle to every later choice.
+    pub fn answered_by_other(
+        &mut self,
+        id: ClusterId,
+        pick: HostPick,
+        address: Option<&[u8]>,
+    ) -> Option<HostPick> {
+        let state = self.clusters.get_mut(id)?;
+        state.hosts.track(pick, false);
+        let hedge = pick.hedge?;
+        let named = state.hosts.get(hedge)?;
+        if address != Some(named.address.as_bytes()) {
+            return None;
+        }
+        let winner = HostPick {
+            primary: hedge,
+            hedge: None,
+        };
+        state.hosts.track(winner, true);
+        Some(winner)
+    }
+
     /// An armed request ended; `attempts` is `upstream.request_attempt_count`
     /// (`Some(1)` when arming failed; `None` if the host could not tell: then
     /// every reserved hedge is paid as sent).

@@ -547,10 +547,13 @@ impl<H: Host> DownstreamRequest<H> {
         // Another host than the named primary answered (the hedge won, or
         // a retry): the primary's attempt was cancelled, so it is in flight
         // no more (kept until the stream's end, a cancelled host looked
-        // busy for the whole stream while the winner looked idle).
+        // busy for the whole stream while the winner looked idle); a
+        // winning hedge's host is, until the stream ends.
         if primary_answered == Some(false) {
             if let Some((cluster, pick)) = self.in_flight.take() {
-                worker.end_pick(cluster, pick);
+                self.in_flight = worker
+                    .answered_by_other(cluster, pick, address.as_deref())
+                    .map(|winner| (cluster, winner));
             }
         }
         address
@@ -2165,7 +2168,7 @@ mod tests {
 
     /// A stream's host is in flight until the stream ends, not only until
     /// its headers: the load term of the choice sees a host busy with
-    /// streams.
+    /// streams, the winning hedge's host included.
     #[test]
     fn a_stream_s_host_stays_in_flight_until_it_ends() {
         let (host, plugin) = three_hosts_learned();
@@ -2193,15 +2196,21 @@ mod tests {
         let worker = r.worker.clone().unwrap();
         let in_flight = |address: &str| worker.borrow().cluster(0).unwrap().in_flight_to(address);
         assert_eq!(in_flight(&primary), Some(1));
+        let before = in_flight(&hedge);
         host.advance_ms(30);
         host.respond(RELAYED);
         host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
         host.set_property(UPSTREAM_ADDRESS, hedge.as_bytes());
         r.on_response_headers(false);
         assert_eq!(in_flight(&primary), Some(0), "the primary was cancelled");
+        // the stream goes on at the hedge's host: in flight there
+        assert_eq!(in_flight(&hedge), before.map(|n| n + 1));
+        r.on_response_body(10, false);
+        assert_eq!(in_flight(&hedge), before.map(|n| n + 1));
         r.on_response_body(10, true);
         r.on_log();
         assert_eq!(in_flight(&primary), Some(0));
+        assert_eq!(in_flight(&hedge), before, "ended with the stream");
     }
 
     /// The first of at most `tries` requests whose host header names at
