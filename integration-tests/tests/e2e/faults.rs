@@ -443,7 +443,10 @@ fn corrupt_shared_data_is_reset_and_hedging_recovers() {
         );
     }
     let log = envoy.log();
-    assert!(log.contains("reset"), "the reset is logged:\n{log}");
+    assert!(
+        log.contains(r#"shared state of cluster "backend" reset"#),
+        "the reset is logged:\n{log}"
+    );
     envoy.assert_no_vm_failure();
 }
 

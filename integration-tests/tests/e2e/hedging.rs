@@ -47,9 +47,10 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
     rt.block_on(async {
         let delay = common::learned_delay_ms(&envoy, "backend");
         // a ~5 ms backend's p94, with room for a loaded CI machine's
-        // event loop (its p90 was seen at 31-43 ms there: tail.rs)
+        // event loop (its p90 was seen at 31-43 ms there: tail.rs); far
+        // below the first attempt's second either way
         assert!(
-            (4.0..=50.0).contains(&delay),
+            (4.0..=200.0).contains(&delay),
             "learned p94 of a ~5 ms backend: {delay} ms"
         );
 
@@ -409,7 +410,7 @@ fn suppressed_envoy_headers_still_learn_and_hedge() {
     rt.block_on(async {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
         let delay = common::learned_delay_ms(&envoy, "backend");
-        assert!((4.0..=50.0).contains(&delay), "learned {delay} ms");
+        assert!((4.0..=200.0).contains(&delay), "learned {delay} ms");
         let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
         assert_eq!(
             reply.headers.get("x-envoy-upstream-service-time"),

@@ -400,6 +400,14 @@ fn brownout(
             }
             common::warm_up(&client, &envoy, "/", 100, 4).await;
         }
+        assert!(
+            !admin || Instant::now() < deadline,
+            "{config}: the admin interface's word not taken within 20 s: {} reads; log:\n{}",
+            envoy
+                .stat("wasmcustom.adaptive_hedge.admin_reads_total")
+                .unwrap_or_default(),
+            envoy.log()
+        );
         load::open_loop(&client, &url, 300.0, 900, Duration::from_secs(5)).await;
         sim.set_all_models(Latency::LogNormal {
             mean_ms: 50.0,
