@@ -40,8 +40,12 @@ pub const MAX_MEMBERS: usize = 1024;
 /// read instead, and the clusters not asked for are dropped from it.
 pub const MAX_FILTER_BYTES: usize = 32 * 1024;
 /// The shared value holds at most this much (clusters past it, in name
-/// order, are left out: their hosts are chosen as without a read).
+/// order, are left out: their hosts are chosen as without a read), after
+/// its header.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
+/// The value's header: magic, version, two times and the clusters' count
+/// (what the shared-memory cap counts beside `MAX_VALUE_BYTES`).
+pub const HEADER_BYTES: usize = 3 + 1 + 8 + 8 + 4;
 /// Reads older than this many periods (`admin_refresh`, or the tick if
 /// longer) are not trusted.
 pub const STALE_READS: u64 = 3;
@@ -849,6 +853,18 @@ c::10.1.0.1:80::health_flags::healthy\nc::10.1.0.1:80::priority::1
         };
         assert!(value.clusters.len() > 1_000 && value.clusters.len() < 2_000);
         assert!(value.encode().len() <= MAX_VALUE_BYTES);
+        // what the cap counts is what follows the header (the shared
+        // memory cap counts the two apart)
+        let counted: usize = value
+            .clusters
+            .iter()
+            .map(|(name, members)| {
+                5 + name.len() + members.iter().map(|m| 10 + m.address.len()).sum::<usize>()
+            })
+            .sum();
+        assert!(counted <= MAX_VALUE_BYTES);
+        assert_eq!(value.encode().len(), HEADER_BYTES + counted);
+        assert_eq!(Membership::default().encode().len(), HEADER_BYTES);
     }
 
     #[test]

@@ -61,14 +61,35 @@ pub const HOST_BYTES: usize = 1 + MAX_HOST_ADDRESS + 40;
 pub const ROUTE_BYTES: usize = 1 + MAX_ROUTE_NAME + LATENCIES_BYTES;
 /// A cluster's value is at most this long (`SharedCluster::encode`).
 pub const MAX_CLUSTER_VALUE_BYTES: usize = 62 * 1024;
-/// What the filter keeps in shared memory at most, keys included.
+/// What the filter keeps in shared memory at most, keys included (of one
+/// window geometry's keys, evicted clusters' 4-byte markers aside).
 pub const SHARED_MEMORY_CAP_BYTES: usize = 64 << 20;
-/// Clusters tracked at most (`max_clusters`): each takes its value, its
-/// key and its registry entry, and all of them fit in
-/// `SHARED_MEMORY_CAP_BYTES` with the registry's header to spare.
-pub const MAX_TRACKED_CLUSTERS: usize = SHARED_MEMORY_CAP_BYTES
-    / (MAX_CLUSTER_VALUE_BYTES + KEY_PREFIX_BYTES + 8 + MAX_CLUSTER_NAME + 2 + MAX_CLUSTER_NAME)
-    - 1;
+/// One tracked cluster at most: its value, its key (`cluster/` and the
+/// name) and its registry entry (a length and the name).
+const CLUSTER_BYTES: usize =
+    MAX_CLUSTER_VALUE_BYTES + KEY_PREFIX_BYTES + 8 + MAX_CLUSTER_NAME + 2 + MAX_CLUSTER_NAME;
+/// The registry's key (`clusters`) and its header (magic, version, count).
+const REGISTRY_FIXED_BYTES: usize = KEY_PREFIX_BYTES + 8 + 3 + 1 + 4;
+/// The admin interface's read at most: its key (`admin_membership_v` and
+/// up to three digits) and its value. Up to 1 MiB, it is no rounding
+/// error: left out, the clusters at the limit left 78 KB of the cap, and
+/// the read alone went past it (found by a review).
+const MEMBERSHIP_BYTES: usize =
+    KEY_PREFIX_BYTES + 21 + super::membership::HEADER_BYTES + super::membership::MAX_VALUE_BYTES;
+/// An allowance for the marks that the configuration's `clusters` Envoy
+/// lacks were said (`unknown_clusters_said_<16 hex digits>`, an empty
+/// value, at most 78 bytes with its key): one per set of configured names
+/// with one Envoy lacks, and Envoy's shared data cannot delete them, so a
+/// long-lived Envoy may gather some over configuration pushes; this
+/// holds 840 at least.
+const MARKS_BYTES: usize = 64 * 1024;
+/// Clusters tracked at most (`max_clusters`): as many as fit in
+/// `SHARED_MEMORY_CAP_BYTES` beside the registry's own bytes, the admin
+/// interface's read and the marks' allowance, so the stated cap holds
+/// with every other key at its largest too.
+pub const MAX_TRACKED_CLUSTERS: usize =
+    (SHARED_MEMORY_CAP_BYTES - REGISTRY_FIXED_BYTES - MEMBERSHIP_BYTES - MARKS_BYTES)
+        / CLUSTER_BYTES;
 /// `adaptive_hedge/v<version>/slice_<ms>ms/` at its longest (a 10-minute
 /// window's 100000 ms slice).
 const KEY_PREFIX_BYTES: usize = 40;
@@ -837,18 +858,31 @@ mod tests {
         assert_eq!(back.routes.len(), MAX_ROUTES);
     }
 
+    /// Every key at its largest (the longest prefix: a 10-minute window)
+    /// fits the stated cap: the clusters at the limit, the registry, the
+    /// admin interface's read at its cap and the marks' allowance; one
+    /// cluster more would not. Before, the read (up to 1 MiB) and the
+    /// marks were left out, and 1,022 clusters left 78 KB for them.
     #[test]
     fn the_tracked_clusters_fit_the_shared_memory_cap() {
         use crate::policy::config::Config;
-        let key = cluster_key(
-            WindowGeometry::new(Duration::from_secs(600)),
-            &"c".repeat(MAX_CLUSTER_NAME),
-        );
+        use crate::policy::membership::{self, Membership};
+        let g = WindowGeometry::new(Duration::from_secs(600));
+        let key = cluster_key(g, &"c".repeat(MAX_CLUSTER_NAME));
         let per_cluster = MAX_CLUSTER_VALUE_BYTES + key.len() + 2 + MAX_CLUSTER_NAME;
-        let registry_key_and_header = 64 + 8;
-        assert!(
-            MAX_TRACKED_CLUSTERS * per_cluster + registry_key_and_header <= SHARED_MEMORY_CAP_BYTES
-        );
+        assert!(per_cluster <= CLUSTER_BYTES);
+        let registry = registry_key(g).len() + Registry::default().encode().len();
+        assert!(registry <= REGISTRY_FIXED_BYTES);
+        let admin_read = membership_key(g).len()
+            + Membership::default().encode().len()
+            + membership::MAX_VALUE_BYTES;
+        assert!(admin_read <= MEMBERSHIP_BYTES);
+        let mark = unknown_clusters_said_key(g, u64::MAX).len();
+        assert!(MARKS_BYTES / mark >= 840, "marks the allowance holds");
+        let others = registry + admin_read + MARKS_BYTES;
+        assert!(MAX_TRACKED_CLUSTERS * per_cluster + others <= SHARED_MEMORY_CAP_BYTES);
+        assert!((MAX_TRACKED_CLUSTERS + 1) * per_cluster + others > SHARED_MEMORY_CAP_BYTES);
+        assert_eq!(MAX_TRACKED_CLUSTERS, 1_006, "README and design.md say so");
         let default_fits = Config::default().max_clusters <= MAX_TRACKED_CLUSTERS;
         assert!(default_fits, "the default max_clusters fits");
     }

@@ -2630,9 +2630,15 @@ impl<K: PartialEq> Sightings<K> {
     /// Whether `what`, seen now (`now`), was seen at least `min_age` and
     /// at most `max_age` before; if so the sighting is spent, else this
     /// one is kept (a first, or again within `min_age`: the first stays).
+    ///
+    /// A sighting from after `now` (the wall clock was set back) goes: its
+    /// age would read 0 until the clock caught up, hours maybe, and as it
+    /// matches every later look, none is recorded in its place, so an idle
+    /// cluster kept its slot all that time (found by a review). Dropped,
+    /// the step back restarts the look.
     fn seen_before(&mut self, what: K, now: u64, min_age: u64, max_age: u64) -> bool {
         self.seen
-            .retain(|&(_, at)| now.saturating_sub(at) <= max_age);
+            .retain(|&(_, at)| at <= now && now - at <= max_age);
         if let Some(i) = self.seen.iter().position(|(k, _)| *k == what) {
             let old_enough = self
                 .seen
@@ -3825,6 +3831,33 @@ mod tests {
             b.sync(at, &store, &mut log);
         }
         assert_eq!(registry(&store), ["q"]);
+    }
+
+    /// The wall clock set back an hour after a first look found x idle:
+    /// that sighting is from the future, and it used to be kept (its age
+    /// saturated to 0, never a slice) and matched every later look, so x
+    /// kept its slot for the hour and y, asking every second, went
+    /// unhedged. Now the step back restarts the look: y's slot comes a
+    /// slice after it, as without the step.
+    #[test]
+    fn an_idle_sighting_from_before_a_clock_step_back_does_not_keep_a_slot() {
+        for back in [0, 3_600_000] {
+            let (store, mut log, mut a, mut b) =
+                two_workers(r#"{"max_clusters": 1, "min_samples": 1}"#);
+            traffic(&mut a, "x", 5, 1000);
+            a.sync(T0, &store, &mut log);
+            b.confirm_cluster(b"y");
+            b.sync(T0 + 40_000, &store, &mut log); // x idle: a first look
+            assert_eq!(registry(&store), ["x"]);
+            let start = T0 + 40_000 - back;
+            let slot = (1..=600u64).find(|s| {
+                decision(&mut b, b"y", b"GET");
+                b.sync(start + s * 1_000, &store, &mut log);
+                registry(&store) == ["y"]
+            });
+            let expected = if back == 0 { 5 } else { 6 };
+            assert_eq!(slot, Some(expected), "set back {back} ms");
+        }
     }
 
     /// An evicted cluster's gauges go to 0, once: before, a gone cluster

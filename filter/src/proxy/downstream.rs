@@ -2330,6 +2330,51 @@ mod tests {
         assert_eq!(address_reads, 1);
     }
 
+    /// A request the filter does not time (past `SAMPLES_PER_TICK` a tick)
+    /// still reads the clock at its request headers: its armed deadline
+    /// and the pacing need it (the docs once said it skipped the clock).
+    /// At its response it reads only the attempt count (armed: for the
+    /// budget), not the response header map, the clock or the address.
+    #[test]
+    fn an_untimed_request_reads_the_clock_but_not_its_response() {
+        let (host, mut plugin) = three_hosts_learned();
+        host.request(Some("backend"), GET);
+        host.set_property(ROUTE_NAME, b"default");
+        request(&plugin).on_request_headers(true);
+        // a busy tick: the next one times one request in a stride
+        for _ in 0..1_000 {
+            answered_by(&host, &plugin, GET, "10.0.0.0:80", |_| 3);
+        }
+        plugin.on_tick();
+        let mut untimed = 0;
+        for _ in 0..8 {
+            host.request(Some("backend"), GET);
+            host.set_property(ROUTE_NAME, b"default");
+            let mut r = request(&plugin);
+            r.on_request_headers(true);
+            let request_calls = std::mem::take(&mut host.state_mut().calls);
+            assert!(request_calls.iter().any(|c| c == "now_ns"));
+            assert!(request_calls
+                .iter()
+                .any(|c| c.starts_with("set_request_header")));
+            if r.sample.is_some() {
+                r.on_log();
+                continue;
+            }
+            untimed += 1;
+            host.advance_ms(3);
+            host.respond(RELAYED);
+            host.set_property(ATTEMPT_COUNT, &1i64.to_le_bytes());
+            host.set_property(UPSTREAM_ADDRESS, b"10.0.0.0:80");
+            r.on_response_headers(false);
+            r.on_response_body(10, true);
+            r.on_log();
+            let response_calls = std::mem::take(&mut host.state_mut().calls);
+            assert_eq!(response_calls, ["property upstream.request_attempt_count"]);
+        }
+        assert!(untimed >= 4, "{untimed} of 8 untimed");
+    }
+
     /// The response's origin costs one read when the router marked it, a
     /// second only when it did not; a 5xx from an upstream is the
     /// upstream's, a local reply is nobody's latency.

@@ -35,7 +35,7 @@ fn bad_configs_are_refused_and_the_log_names_the_field() {
         ),
         (
             r#"{"max_clusters": 5000}"#,
-            r#"field "max_clusters" = 5000: must be between 1 and 1022"#,
+            r#"field "max_clusters" = 5000: must be between 1 and 1006"#,
         ),
         (
             r#"{"idempotent_grpc_methods": ["demo.Echo/Get"]}"#,
