@@ -180,6 +180,10 @@ pub const MIN_HOST_SAMPLES: u64 = 5;
 /// named it is in flight.
 pub type HostId = usize;
 
+/// Every host id is below this: a cluster's table holds no more hosts
+/// (`Hosts::find_or_add`).
+pub const HOST_IDS: usize = 2 * MAX_HOSTS;
+
 /// The hosts chosen for a request: the primary's, and the hedge's if it
 /// is armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -461,7 +465,7 @@ impl Hosts {
             }
             return Some(id);
         }
-        if self.hosts.len() >= 2 * MAX_HOSTS {
+        if self.hosts.len() >= HOST_IDS {
             self.overflow_ticks = OVERFLOW_TICKS;
             return None;
         }
