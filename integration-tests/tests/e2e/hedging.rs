@@ -54,8 +54,7 @@ fn slow_first_attempt_is_raced_by_a_hedge() {
             "learned p94 of a ~5 ms backend: {delay} ms"
         );
 
-        sim.reset_counts();
-        let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
+        let reply = common::armed_first_attempt_a_second_late(&client, &envoy, &sim, "/slow").await;
         assert_eq!(reply.status, 200);
         // the router's mark the filter tells a relayed response by
         assert!(reply.headers.contains_key("x-envoy-upstream-service-time"));
@@ -411,7 +410,7 @@ fn suppressed_envoy_headers_still_learn_and_hedge() {
         common::warm_up(&client, &envoy, "/", 400, 4).await;
         let delay = common::learned_delay_ms(&envoy, "backend");
         assert!((4.0..=200.0).contains(&delay), "learned {delay} ms");
-        let reply = common::first_attempt_a_second_late(&client, &envoy, "/slow").await;
+        let reply = common::armed_first_attempt_a_second_late(&client, &envoy, &sim, "/slow").await;
         assert_eq!(
             reply.headers.get("x-envoy-upstream-service-time"),
             None,

@@ -165,8 +165,9 @@ fn first_byte_race(h2: bool) {
             "learned time to first byte of a 20 ms stream: {delay} ms; {}",
             envoy.filter_stats("backend")
         );
-        sim.reset_counts();
-        let reply = common::first_attempt_a_second_late(&client, &envoy, "/v1/completions").await;
+        let reply =
+            common::armed_first_attempt_a_second_late(&client, &envoy, &sim, "/v1/completions")
+                .await;
         assert_eq!(
             reply.headers.get("x-sim-attempt").map(String::as_str),
             Some("2"),

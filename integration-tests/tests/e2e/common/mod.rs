@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::harness::envoy::Envoy;
 use integration_tests::harness::load::{self, Client};
+use integration_tests::harness::sim::Simulator;
 
 /// Sends `n` GETs on `path` from `callers` concurrent callers, all expected
 /// to succeed, then waits until every worker has learned the cluster: GETs
@@ -130,6 +131,34 @@ pub fn hosts_of(reply: &load::Reply) -> (Option<&str>, Option<&str>) {
 /// worker has flushed one).
 pub fn learned_delay_ms(envoy: &Envoy, cluster: &str) -> f64 {
     envoy.flushed_filter_stat("hedge_delay_microseconds", cluster, 1) as f64 / 1000.0
+}
+
+/// `first_attempt_a_second_late`, with the hosts' counts zeroed first,
+/// asked again (at most 10 times) while the filter held it back for the
+/// moment (see `until_not_held_back`): a test of what an armed request
+/// does must not fail on a decision that says nothing of it.
+pub async fn armed_first_attempt_a_second_late(
+    client: &Client,
+    envoy: &Envoy,
+    sim: &Simulator,
+    path: &str,
+) -> load::Reply {
+    let mut tries = 0;
+    loop {
+        sim.settle(Duration::from_secs(3));
+        sim.reset_counts();
+        let reply = first_attempt_a_second_late(client, envoy, path).await;
+        tries += 1;
+        let held_back = matches!(
+            decision(&reply),
+            "skipped; reason=budget_exhausted"
+                | "skipped; reason=paced"
+                | "skipped; reason=stale_delay"
+        );
+        if !held_back || tries >= 10 {
+            return reply;
+        }
+    }
 }
 
 /// A GET to `path` whose first attempt the simulator holds for 1 s (its
