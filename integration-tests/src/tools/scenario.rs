@@ -256,9 +256,12 @@ pub fn run(proxy: &Proxy, plan: &Plan, progress: &(dyn Fn(&str) + Sync)) -> Resu
         ));
         let ok: u64 = w.iter().map(LoadResult::ok).sum();
         if ok != plan.warmup {
+            // Envoy's log goes with the error: Envoy is stopped (and its
+            // directory removed) when this returns
             return Err(format!(
-                "warm-up failed: {:?}",
-                w.iter().map(LoadResult::summary).collect::<Vec<_>>()
+                "warm-up failed: {:?}; Envoy's log ends:\n{}",
+                w.iter().map(LoadResult::summary).collect::<Vec<_>>(),
+                envoy.as_ref().map_or_else(String::new, |e| e.log_tail(60))
             ));
         }
         if let (true, Some(envoy)) = (proxy.is_adaptive(), envoy.as_ref()) {

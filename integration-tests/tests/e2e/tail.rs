@@ -39,9 +39,11 @@ fn stragglers_are_beaten_by_hedges() {
             requests: 6_000,
         },
     );
-    let quiet = |_: &str| {};
-    let base = scenario::run(&Proxy::Baseline, &plan, &quiet).unwrap();
-    let hedged = scenario::run(&Proxy::adaptive_defaults(), &plan, &quiet).unwrap();
+    // progress to stderr: its warnings (samples not in the windows,
+    // counters lagging) are shown if the test fails
+    let progress = |line: &str| eprintln!("{line}");
+    let base = scenario::run(&Proxy::Baseline, &plan, &progress).unwrap();
+    let hedged = scenario::run(&Proxy::adaptive_defaults(), &plan, &progress).unwrap();
     println!("{}", scenario::table([&base, &hedged]));
     assert_eq!(base.main().ok(), 6_000, "{}", base.main().summary());
     assert_eq!(hedged.main().ok(), 6_000, "{}", hedged.main().summary());
