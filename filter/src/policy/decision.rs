@@ -433,8 +433,8 @@ impl Plan {
     }
 }
 
-/// With no host named (no host choice on the cluster, or left to its
-/// balancer), an armed request is held back while `MAX_PAST_DELAY` of the
+/// With no host named (no host choice on the cluster), an armed request
+/// is held back while `MAX_PAST_DELAY` of the
 /// worker's armed requests to the cluster are past their delay, once the
 /// delay reads as stale (a brownout: every armed request will fire, and
 /// timeouts can come in a row on a host). Not in steady traffic: there
@@ -444,8 +444,15 @@ impl Plan {
 /// so the more traffic a worker had the fewer requests it armed, at
 /// random, stragglers included: 87% of eligible requests armed at 1,000
 /// a second, 73% at 5,000 (a review; the test below).
+///
+/// Where the cluster chooses hosts and this request was left to the
+/// balancer (the exploration share, the one good host held back), the
+/// rule holds in steady traffic too: the balancer may send it to the very
+/// host the choice is keeping armed attempts from (a review of the change).
 fn paced_without_hosts(view: &ClusterView) -> bool {
-    view.pacing && view.past_delay >= MAX_PAST_DELAY && view.armed.is_some_and(ArmedRequests::stale)
+    view.pacing
+        && view.past_delay >= MAX_PAST_DELAY
+        && (view.hosts.is_some() || view.armed.is_some_and(ArmedRequests::stale))
 }
 
 /// Decides one request. Pure: the worker books what it returns.
@@ -1339,6 +1346,15 @@ mod tests {
             Cluster::Tracked(view(40, &steady)),
         );
         assert!(matches!(many.decision, Decision::Arm(_)), "{many:?}");
+        // a cluster that chooses hosts, this request left to its balancer
+        // (no host known yet here): paced in steady traffic too
+        let unknown = Hosts::default();
+        let left = ClusterView {
+            hosts: Some(&unknown),
+            ..view(2, &steady)
+        };
+        let p = plan(&GET, &Config::default(), Cluster::Tracked(left));
+        assert_eq!((p.decision, p.hosts), (Decision::Skip(Skip::Paced), None));
     }
 
     /// Steady traffic to a cluster without host choice, paced for outlier

@@ -1060,7 +1060,7 @@ impl Hosts {
                 .enumerate()
                 .filter(move |&(i, h)| i != primary && h.known() && !h.probation && !avoid(i))
         };
-        let first = draw(candidates, &[], random).filter(|_| want_hedge);
+        let first = want_hedge.then(|| draw(candidates, &[], random)).flatten();
         let second = first.and_then(|a| draw(candidates, &[a], mix(random)));
         let score = |id: HostId| self.hosts.get(id).map_or(f64::INFINITY, Host::score);
         let hedge = match (first, second) {

@@ -2197,6 +2197,7 @@ mod tests {
         let in_flight = |address: &str| worker.borrow().cluster(0).unwrap().in_flight_to(address);
         assert_eq!(in_flight(&primary), Some(1));
         let before = in_flight(&hedge);
+        assert!(before.is_some(), "the hedge's host is known");
         host.advance_ms(30);
         host.respond(RELAYED);
         host.set_property(ATTEMPT_COUNT, &2i64.to_le_bytes());
