@@ -316,26 +316,39 @@ fn compose_streaming_profile_is_valid() {
 /// images hold, with the same arguments, around a real Envoy.
 #[test]
 fn compose_services_work_natively() {
-    let ports: Vec<u16> = (0..3).map(|_| envoy::free_port()).collect();
-    let mut sim = Command::new(env!("CARGO_BIN_EXE_sim"));
-    for p in &ports {
-        sim.args(["--listen", &format!("127.0.0.1:{p}")]);
-    }
-    let sim = ChildGuard(
-        sim.args(["--model", "reference"])
-            .stdout(Stdio::null())
-            .pre_exec_setup(None)
-            .spawn()
-            .expect("sim"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ports
-        .iter()
-        .any(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_err())
-    {
-        assert!(Instant::now() < deadline, "sim did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The ports are picked free, then bound by the `sim` binary: another
+    // process may take one between. A `sim` that exits (it could not
+    // bind) is started again on fresh ports, at most three times.
+    let (sim, ports) = (0..3)
+        .find_map(|_| {
+            let ports: Vec<u16> = (0..3).map(|_| envoy::free_port()).collect();
+            let mut sim = Command::new(env!("CARGO_BIN_EXE_sim"));
+            for p in &ports {
+                sim.args(["--listen", &format!("127.0.0.1:{p}")]);
+            }
+            let mut sim = ChildGuard(
+                sim.args(["--model", "reference"])
+                    .stdout(Stdio::null())
+                    .pre_exec_setup(None)
+                    .spawn()
+                    .expect("sim"),
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                // listening, and ours: still running
+                let listening = ports
+                    .iter()
+                    .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
+                match sim.0.try_wait() {
+                    Ok(None) if listening => return Some((sim, ports)),
+                    Ok(None) => {}
+                    _ => return None,
+                }
+                assert!(Instant::now() < deadline, "sim did not listen");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .expect("sim could not bind its ports in three tries");
     let envoy = Envoy::start(
         EnvoyOptions::new("envoy.yaml", &ports)
             .plugin_config(r#"{"min_samples": 50, "debug_header": true}"#),
