@@ -985,7 +985,7 @@ impl Hosts {
         let mut primary: Option<(f64, HostId)> = None;
         for k in 0..choices.clamp(1, 4).min(count) {
             state = mix(state);
-            let Some(id) = draw(candidates, &drawn, state) else {
+            let Some(id) = draw(candidates, &drawn, count - k, state) else {
                 break;
             };
             if let Some(slot) = drawn.get_mut(k) {
@@ -1058,8 +1058,9 @@ impl Hosts {
                 .enumerate()
                 .filter(move |&(i, h)| i != primary && h.known() && !h.probation && !avoid(i))
         };
-        let first = want_hedge.then(|| draw(candidates, &[], random)).flatten();
-        let second = first.and_then(|a| draw(candidates, &[a], mix(random)));
+        let count = if want_hedge { candidates().count() } else { 0 };
+        let first = draw(candidates, &[], count, random);
+        let second = first.and_then(|a| draw(candidates, &[a], count - 1, mix(random)));
         let score = |id: HostId| self.hosts.get(id).map_or(f64::INFINITY, Host::score);
         let hedge = match (first, second) {
             (Some(a), Some(b)) if score(b) < score(a) => Some(b),
@@ -1078,19 +1079,26 @@ impl Hosts {
     }
 }
 
-/// One host of `candidates` not in `drawn`, at random (`random`); `None`
-/// if none is left. Uniform: the score weighs the weights (see `score`).
-fn draw<'h, I>(candidates: impl Fn() -> I, drawn: &[HostId], random: u64) -> Option<HostId>
+/// One host of `candidates` not in `drawn`, at random (`random`), of the
+/// `left` there are (the callers count them once); `None` if none is left.
+/// Uniform: the score weighs the weights (see `score`).
+fn draw<'h, I>(
+    candidates: impl Fn() -> I,
+    drawn: &[HostId],
+    left: usize,
+    random: u64,
+) -> Option<HostId>
 where
     I: Iterator<Item = (HostId, &'h Host)>,
 {
-    let left = || candidates().filter(|(i, _)| !drawn.contains(i));
-    let count = left().count();
-    if count == 0 {
+    if left == 0 {
         return None;
     }
-    let at = (random % count as u64) as usize;
-    left().nth(at).map(|(i, _)| i)
+    let at = (random % left as u64) as usize;
+    candidates()
+        .filter(|(i, _)| !drawn.contains(i))
+        .nth(at)
+        .map(|(i, _)| i)
 }
 
 /// Single-attempt responses checked before judging whether a cluster
